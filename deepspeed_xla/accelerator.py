@@ -1,0 +1,364 @@
+"""XLA_Accelerator: DeepSpeed's accelerator interface on XLA devices.
+
+Process model: one OS process per rank, each owning one XLA device (a TPU chip, or a
+PJRT CPU device in emulation), which that process sees as `xla:0`. DeepSpeed names
+devices by local rank (`set_device(local_rank)`, `device_name(local_rank)`); the
+local rank of this process maps to its own device.
+
+Synchronisation choices (see streams.py): XLA runs one lazily built graph per device
+in program order, so the device is "synchronized" from DeepSpeed's point of view:
+data dependencies are resolved by the graph, there are no side streams to overlap
+communication on, and memory is released by the runtime when tensors die, so
+DeepSpeed must not insert its own waits to relieve memory pressure (each wait would
+cut the graph and force a device round trip).
+"""
+
+import contextlib
+import os
+
+import torch
+from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+
+from . import runtime
+from .comm import BACKEND_NAME, register_backend
+from .rng import XlaGenerator
+from .streams import Event, Stream
+
+
+class _TensorType:
+    """Stand-in for torch.cuda.FloatTensor and friends: `T([data])` or `T(*sizes)` makes
+    a tensor of that dtype on this process's XLA device; isinstance checks dtype and
+    device."""
+
+    def __init__(self, dtype, device_fn):
+        self.dtype = dtype
+        self._device_fn = device_fn
+
+    def __call__(self, *args):
+        device = self._device_fn()
+        if len(args) == 1 and not isinstance(args[0], int):
+            return torch.as_tensor(args[0], dtype=self.dtype).to(device)
+        return torch.empty(*args, dtype=self.dtype, device=device)
+
+    def __instancecheck__(self, obj):
+        return isinstance(obj, torch.Tensor) and obj.dtype == self.dtype and obj.device.type == "xla"
+
+    def __repr__(self):
+        return f"XLA {self.dtype} tensor type"
+
+
+class XLA_Accelerator(DeepSpeedAccelerator):
+
+    def __init__(self):
+        super().__init__()
+        self._name = "xla"
+        self._communication_backend_name = BACKEND_NAME
+        self._compile_backend = "openxla"
+        self._current_ordinal = 0
+        self._generators = {}
+        self._peak_bytes = 0  # highest usage observed since start or the last reset
+        self._peak_was_reset = False
+        self._ranges = []
+        register_backend()
+
+    # Synchronisation model (module docstring explains the choice)
+    def is_synchronized_device(self):
+        return True
+
+    def use_host_timers(self):
+        return True
+
+    def resolves_data_dependency(self):
+        return True
+
+    def handles_memory_backpressure(self):
+        return True
+
+    # Device APIs
+    def _ordinal(self, device_index):
+        """Local XLA ordinal of a DeepSpeed device index (int, '1', 'xla:1' or torch.device)."""
+        if device_index is None:
+            return self._current_ordinal
+        index = device_index
+        if isinstance(index, torch.device):
+            if index.type != "xla":
+                raise ValueError(f"not an XLA device: {index}")
+            index = index.index if index.index is not None else self._current_ordinal
+        elif isinstance(index, str):
+            text = index.strip()
+            if text == "xla":
+                return self._current_ordinal
+            if text.startswith("xla:"):
+                text = text[4:]
+            if not text.isdigit():
+                raise ValueError(f"not an XLA device index: {device_index!r} "
+                                 "(expected an int, a string such as '1' or 'xla:1', or a torch.device)")
+            index = int(text)
+        elif isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError(f"not an XLA device index: {device_index!r} "
+                             "(expected an int, a string such as '1' or 'xla:1', or a torch.device)")
+        if index < 0:
+            raise ValueError(f"device index must be >= 0, got {device_index!r}")
+        # DeepSpeed addresses a rank's device by its local rank; this process owns it as xla:0.
+        local_rank = os.environ.get("LOCAL_RANK")
+        if local_rank is not None and local_rank.isdigit() and index == int(local_rank):
+            return 0
+        return index
+
+    def device_name(self, device_index=None):
+        if device_index is None:
+            return "xla"
+        return f"xla:{self._ordinal(device_index)}"
+
+    def device(self, device_index=None):
+        # XLA has no "current device" to switch: the context only names the device.
+        return contextlib.nullcontext(runtime.torch_device(self._ordinal(device_index)))
+
+    def set_device(self, device_index):
+        self._current_ordinal = self._ordinal(device_index)
+
+    def current_device(self):
+        return self._current_ordinal
+
+    def current_device_name(self):
+        return f"xla:{self._current_ordinal}"
+
+    def device_count(self):
+        return runtime.local_device_count()
+
+    def synchronize(self, device_index=None):
+        runtime.sync()
+
+    # RNG APIs
+    def random(self):
+        return torch.random
+
+    def default_generator(self, device_index):
+        ordinal = self._ordinal(device_index)
+        if ordinal not in self._generators:
+            self._generators[ordinal] = XlaGenerator(runtime.torch_device(ordinal))
+        return self._generators[ordinal]
+
+    def set_rng_state(self, new_state, device_index=None):
+        self.default_generator(device_index).set_state(new_state)
+
+    def get_rng_state(self, device_index=None):
+        return self.default_generator(device_index).get_state()
+
+    def manual_seed(self, seed):
+        # torch.manual_seed does not reach the XLA generator: seed both.
+        torch.manual_seed(seed)
+        self.default_generator(None).manual_seed(seed)
+
+    def manual_seed_all(self, seed):
+        # A process owns one device, so "all" is this process's device.
+        self.manual_seed(seed)
+
+    def initial_seed(self):
+        return self.default_generator(None).initial_seed()
+
+    # Streams/Events
+    @property
+    def Stream(self):
+        return Stream
+
+    def stream(self, stream):
+        return stream if stream is not None else contextlib.nullcontext()
+
+    def current_stream(self, device_index=None):
+        return Stream(self.device_name(device_index))
+
+    def default_stream(self, device_index=None):
+        return Stream(self.device_name(device_index))
+
+    @property
+    def Event(self):
+        return Event
+
+    # Memory management. TPU: the device allocator's own figures. PJRT CPU keeps no
+    # allocator statistics and its buffers live in host memory, so the figures are this
+    # process's resident set and the host's memory, as DeepSpeed's CPU accelerator does.
+    def _usage(self, device_index=None):
+        """(bytes in use, device peak or None, bytes limit)"""
+        info = runtime.memory_info(runtime.torch_device(self._ordinal(device_index)))
+        if info is not None:
+            return info["bytes_used"], info.get("peak_bytes_used"), info["bytes_limit"]
+        import psutil
+        return psutil.Process().memory_info().rss, None, psutil.virtual_memory().total
+
+    def _peak(self, device_index=None):
+        used, device_peak, _ = self._usage(device_index)
+        observed = [self._peak_bytes, used]
+        if device_peak is not None and not self._peak_was_reset:
+            observed.append(device_peak)  # the allocator's peak counts from process start
+        self._peak_bytes = max(observed)
+        return self._peak_bytes
+
+    def _reset_peak(self, device_index=None):
+        self._peak_was_reset = True
+        self._peak_bytes = self._usage(device_index)[0]
+
+    def empty_cache(self):
+        # XLA frees a buffer as soon as no tensor refers to it: there is no cache to empty.
+        return None
+
+    def memory_allocated(self, device_index=None):
+        return self._usage(device_index)[0]
+
+    def max_memory_allocated(self, device_index=None):
+        return self._peak(device_index)
+
+    def reset_max_memory_allocated(self, device_index=None):
+        self._reset_peak(device_index)
+
+    def memory_cached(self, device_index=None):
+        return self.memory_allocated(device_index)
+
+    def max_memory_cached(self, device_index=None):
+        return self._peak(device_index)
+
+    def reset_max_memory_cached(self, device_index=None):
+        self._reset_peak(device_index)
+
+    def memory_stats(self, device_index=None):
+        used, _, limit = self._usage(device_index)
+        peak = self._peak(device_index)
+        return {
+            "allocated_bytes.all.current": used,
+            "allocated_bytes.all.peak": peak,
+            "reserved_bytes.all.current": used,
+            "reserved_bytes.all.peak": peak,
+            "bytes_limit": limit,
+        }
+
+    def reset_peak_memory_stats(self, device_index=None):
+        self._reset_peak(device_index)
+
+    def memory_reserved(self, device_index=None):
+        return self.memory_allocated(device_index)
+
+    def max_memory_reserved(self, device_index=None):
+        return self._peak(device_index)
+
+    def total_memory(self, device_index=None):
+        return self._usage(device_index)[2]
+
+    def available_memory(self, device_index=None):
+        info = runtime.memory_info(runtime.torch_device(self._ordinal(device_index)))
+        if info is not None:
+            return info["bytes_limit"] - info["bytes_used"]
+        import psutil
+        return psutil.virtual_memory().available
+
+    # Data types
+    def is_bf16_supported(self):
+        return True
+
+    def is_fp16_supported(self):
+        return runtime.supports_fp16(runtime.device_type())
+
+    def is_fp64_supported(self):
+        # TPUs have no fp64 units; PJRT CPU computes fp64 natively.
+        return runtime.device_type() != "TPU"
+
+    def supported_dtypes(self):
+        dtypes = [torch.float, torch.bfloat16]
+        if self.is_fp16_supported():
+            dtypes.append(torch.float16)
+        return dtypes
+
+    # Misc
+    def is_available(self):
+        return runtime.local_device_count() > 0
+
+    def range_push(self, msg, domain=None, category=None):
+        self._ranges.append(runtime.trace_range(msg))
+        self._ranges[-1].__enter__()
+
+    def range_pop(self, domain=None):
+        if self._ranges:
+            self._ranges.pop().__exit__(None, None, None)
+
+    def lazy_call(self, callback):
+        return callback()
+
+    def communication_backend_name(self):
+        return self._communication_backend_name
+
+    def is_triton_supported(self):
+        return False
+
+    def is_current_stream_capturing(self):
+        return False
+
+    # Graph operations: XLA traces and caches whole step graphs itself; CUDA-graph style
+    # capture has no XLA equivalent, so asking for it is an error, not a silent no-op.
+    def _no_graphs(self, *args, **kwargs):
+        raise NotImplementedError("XLA compiles and caches step graphs itself; CUDA-graph capture and replay "
+                                  "do not exist on XLA. Disable graph capture (e.g. cuda_graph) for XLA runs.")
+
+    create_graph = capture_to_graph = replay_graph = _no_graphs
+
+    # Tensor operations
+    BFloat16Tensor = property(lambda self: _TensorType(torch.bfloat16, self._current_torch_device))
+    ByteTensor = property(lambda self: _TensorType(torch.uint8, self._current_torch_device))
+    DoubleTensor = property(lambda self: _TensorType(torch.float64, self._current_torch_device))
+    FloatTensor = property(lambda self: _TensorType(torch.float32, self._current_torch_device))
+    HalfTensor = property(lambda self: _TensorType(torch.float16, self._current_torch_device))
+    IntTensor = property(lambda self: _TensorType(torch.int32, self._current_torch_device))
+    LongTensor = property(lambda self: _TensorType(torch.int64, self._current_torch_device))
+
+    def _current_torch_device(self):
+        return runtime.torch_device(self._current_ordinal)
+
+    # Host memory: transfers to XLA devices need no page-locked buffers, and torch can
+    # only page-lock for CUDA. Nothing is pinned; DeepSpeed's accounting is told so.
+    _torch_pins_host_memory = False
+
+    def _torch_pin_memory(self, tensor):
+        return tensor
+
+    def _torch_empty_pinned(self, tensor, shape):
+        return tensor.new_empty(shape)
+
+    def _torch_is_pinned(self, tensor):
+        return False
+
+    def on_accelerator(self, tensor):
+        return tensor.device.type == "xla"
+
+    # Op builders: see op_builder/__init__.py for the rule.
+    def op_builder_dir(self):
+        return "deepspeed_xla.op_builder"
+
+    def create_op_builder(self, class_name):
+        builder_class = self.get_op_builder(class_name)
+        return builder_class() if builder_class is not None else None
+
+    def get_op_builder(self, class_name):
+        from .op_builder import get_builder_class
+        return get_builder_class(class_name)
+
+    def build_extension(self):
+        from torch.utils.cpp_extension import BuildExtension
+        return BuildExtension
+
+    def export_envs(self):
+        # Prefixes DeepSpeed's multi-node runners forward to every worker.
+        return ["PJRT_", "XLA_", "TPU_", "LIBTPU_", "DS_ACCELERATOR", "DS_XLA_"]
+
+    def visible_devices_envs(self):
+        return ["TPU_VISIBLE_CHIPS"]
+
+    def set_visible_devices_envs(self, current_env, local_accelerator_ids):
+        for env in self.visible_devices_envs():
+            current_env[env] = ",".join(map(str, local_accelerator_ids))
+
+    def get_compile_backend(self):
+        return self._compile_backend
+
+    def set_compile_backend(self, backend):
+        supported = torch._dynamo.list_backends(exclude_tags=())
+        if backend not in supported:
+            raise ValueError(f"{backend} is not a torch.compile backend here; available: {supported}")
+        self._compile_backend = backend

@@ -1,0 +1,46 @@
+"""Torch-native versions of the optimizer kernels DeepSpeed loads through op builders.
+
+Each function has the signature of the CUDA kernel it replaces (called through
+DeepSpeed's `multi_tensor_applier`) and the same arithmetic: the update is computed in
+fp32 whatever the storage dtype, then written back in place into params and states.
+"""
+
+import types
+
+import torch
+
+
+@torch.no_grad()
+def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps, step, adam_w_mode,
+                      bias_correction, weight_decay):
+    """Adam (adam_w_mode=0: L2 added to the gradient) or AdamW (1: decoupled decay)."""
+    bias_correction1 = 1 - beta1**step if bias_correction else 1.0
+    bias_correction2 = 1 - beta2**step if bias_correction else 1.0
+    for grad, param, exp_avg, exp_avg_sq in zip(*tensor_lists):
+        g, p = grad.float(), param.float()
+        if not adam_w_mode and weight_decay != 0:
+            g = g + weight_decay * p
+        m = beta1 * exp_avg.float() + (1 - beta1) * g
+        v = beta2 * exp_avg_sq.float() + (1 - beta2) * g * g
+        update = (m / bias_correction1) / ((v / bias_correction2).sqrt() + eps)
+        if adam_w_mode and weight_decay != 0:
+            update = update + weight_decay * p
+        param.copy_(p - lr * update)
+        exp_avg.copy_(m)
+        exp_avg_sq.copy_(v)
+
+
+@torch.no_grad()
+def multi_tensor_lion(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, step, weight_decay):
+    """Lion: step by -lr*sign of the interpolated momentum (+lr where it is not positive,
+    as the CUDA kernel does), with decoupled weight decay."""
+    for grad, param, exp_avg in zip(*tensor_lists):
+        g, p, m = grad.float(), param.float(), exp_avg.float()
+        c = beta1 * m + (1 - beta1) * g
+        update = torch.where(c > 0, -lr, lr)
+        param.copy_(p * (1 - lr * weight_decay) + update)
+        exp_avg.copy_(beta2 * m + (1 - beta2) * g)
+
+
+fused_adam = types.SimpleNamespace(multi_tensor_adam=multi_tensor_adam)
+fused_lion = types.SimpleNamespace(multi_tensor_lion=multi_tensor_lion)

@@ -1,0 +1,126 @@
+"""Every call into torch_xla lives here.
+
+The rest of the package (accelerator, streams, communication backend) talks to
+this module only, so another TPU backend can replace torch_xla by replacing this
+file. Functions that the launcher parent calls (`device_type`, `local_device_count`)
+never initialise the XLA runtime: on a TPU VM the process that initialises it owns
+the chips, and the parent must leave them to the workers.
+"""
+
+import os
+import time
+
+import torch
+import torch_xla
+import torch_xla.core.xla_model as xm
+
+
+# PJRT CPU: how many emulated devices (one per rank) a single host offers when no
+# launcher has said how many local ranks there are.
+CPU_DEVICES_ENV = "DS_XLA_CPU_DEVICES"
+
+
+def device_type():
+    """The PJRT device kind ("TPU", "CPU", ...) without initialising the runtime.
+
+    PyTorch/XLA picks TPU when no PJRT_DEVICE is set and a TPU is attached, and CPU
+    otherwise; this mirrors that choice from the environment and the PCI bus.
+    """
+    explicit = os.environ.get("PJRT_DEVICE")
+    if explicit:
+        return explicit.upper()
+    from .tpu_topology import count_tpu_chips
+    return "TPU" if count_tpu_chips() > 0 else "CPU"
+
+
+def local_device_count():
+    """Devices on this host that DeepSpeed may start one rank each on.
+
+    TPU: chips on the PCI bus (one process per chip, as PyTorch/XLA's own spawn does).
+    PJRT CPU: the emulated device count: the launcher's local world size inside a
+    worker, else DS_XLA_CPU_DEVICES, else 1.
+    """
+    if device_type() == "TPU":
+        from .tpu_topology import count_tpu_chips
+        return count_tpu_chips()
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", CPU_DEVICES_ENV):
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return 1
+
+
+def is_initialized():
+    """True once this process has created its PJRT client (and owns its devices)."""
+    return torch_xla._XLAC._xla_runtime_is_initialized()
+
+
+def torch_device(ordinal=None):
+    """The torch.device of a local XLA ordinal; None means the process default."""
+    if ordinal is None:
+        return torch_xla.device()
+    return torch.device("xla", ordinal)
+
+
+def device_hardware(device=None):
+    """Hardware behind an XLA device: 'TPU', 'CPU', 'GPU' (initialises the runtime)."""
+    return xm.xla_device_hw(device if device is not None else torch_xla.device())
+
+
+def sync(wait=True):
+    """Cut and execute the pending lazy graph; with wait, block until the device is idle.
+
+    DeepSpeed synchronizes from inside module hooks (timers in the forward pre-hook),
+    where PyTorch/XLA's IR scope is not empty: the scope is left alone, not reset.
+    """
+    torch_xla.sync(wait=wait, reset_scope=False)
+    if wait:
+        xm.wait_device_ops()
+
+
+def pending_ir(tensor):
+    """The IR text behind an XLA tensor: only `device_data` once it is materialised."""
+    return torch_xla._XLAC._get_xla_tensors_text([tensor])
+
+
+def get_rng_seed(device):
+    """The XLA generator's running seed: the whole RNG state of that device."""
+    return int(xm.get_rng_state(str(device)))
+
+
+def set_rng_seed(seed, device):
+    xm.set_rng_state(int(seed), str(device))
+
+
+def memory_info(device):
+    """{'bytes_used', 'bytes_limit', 'peak_bytes_used'} from the device allocator, or
+    None where the backend keeps no allocator statistics (PJRT CPU)."""
+    try:
+        return xm.get_memory_info(device)
+    except RuntimeError as err:
+        if "UNIMPLEMENTED" in str(err):
+            return None
+        raise
+
+
+def supports_fp16(device_kind):
+    """Only XLA GPUs compute fp16 natively. TPUs have no fp16 arithmetic (their
+    low-precision type is bf16) and PJRT CPU emulates it through fp32, so DeepSpeed's
+    fp16 mode (loss scaling tuned for CUDA) is not offered there."""
+    return device_kind in ("GPU", "CUDA")
+
+
+def trace_range(name):
+    """A named profiler range (shows in XLA profiles; costs nothing when not tracing)."""
+    import torch_xla.debug.profiler as xp
+    return xp.Trace(name)
+
+
+def metrics_report():
+    import torch_xla.debug.metrics as met
+    return met.short_metrics_report()
+
+
+def now():
+    """Host timestamp (seconds) for event timing after a device sync."""
+    return time.perf_counter()
