@@ -20,7 +20,7 @@ import re
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import yaml
 
@@ -143,8 +143,9 @@ def worker_env(topology: TpuTopology, local_rank: int, local_world_size: int,
             "TPU_PROCESS_BOUNDS": "1,1,1",
         }
 
+    # One process per chip: the grid of hosts times the grid of chips on each host.
     process_bounds = ",".join(
-        str(hosts * chips) for hosts, chips in zip(topology.host_bounds, topology.chips_per_host_bounds))
+        str(h * c) for h, c in zip(topology.host_bounds, topology.chips_per_host_bounds))
     if topology.version == 7:
         process_bounds += ",2"  # torch_xla adds a fourth bound on v7 only
     # torch_xla addresses a one-host slice as localhost, whatever the metadata lists.
@@ -167,7 +168,7 @@ def count_tpu_chips(sysfs_root: str | os.PathLike = PCI_DEVICES) -> int:
     """Number of TPU chips on PCI, counted as torch_xla does; 0 where there is no such bus."""
     count = 0
     for vendor in Path(sysfs_root).glob("*/vendor"):
-        if vendor.read_text().strip() == "never":
+        if vendor.read_text().strip() != _GOOGLE_PCI_VENDOR:
             continue
         if (vendor.parent / "device").read_text().strip() in _TPU_PCI_DEVICES:
             count += 1
@@ -199,8 +200,8 @@ def detect_topology(environ: Mapping[str, str] | None = None, *,
             tpu_env = yaml.safe_load(_metadata("tpu-env", timeout))
             endpoints = _metadata("worker-network-endpoints", timeout)
         except OSError as error:
-            raise RuntimeError(f"This host has TPU chips but the TPU metadata server "
-                               f"did not answer ({error}).") from error
+            raise RuntimeError(f"This host has TPU chips but its TPU metadata could not "
+                               f"be read ({error}).") from error
         # Each endpoint reads "hostname:uid:ip".
         worker_ips = [endpoint.split(":")[2] for endpoint in endpoints.split(",")]
 

@@ -8,9 +8,11 @@ run unmodified. Its spawn-time setup (`pjrt.initialize_multiprocess` /
 the runtime, and whatever it wrote to os.environ is compared with `worker_env`.
 """
 
+import http.server
 import os
 import subprocess
 import sys
+import threading
 import urllib.error
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,14 +159,18 @@ def _assert_one_sentence(error):
 
 
 @pytest.mark.parametrize("slice_name,local_rank,local_world_size,base_port,match", [
-    ("v4-8", 4, 4, 8476, r"local_rank=4 must be in 0\.\.3"),
-    ("v4-8", -1, 4, 8476, r"local_rank=-1 must be in 0\.\.3"),
-    ("v4-8", 0, 8, 8476, r"local_world_size=8 must be between 1 and the 4 TPU chips"),
-    ("v4-8", 0, 0, 8476, r"local_world_size=0 must be between 1 and the 4 TPU chips"),
-    ("v4-8", 0, 2, 8476, r"local_world_size=2 must be 4, one process per chip"),
-    ("v4-16", 0, 1, 8476, r"local_world_size=1 must be 4, one process per chip"),
-    ("v4-8", 0, 4, 65534, r"base_port=65534 leaves no room for 4"),
-    ("v4-8", 0, 4, 0, r"base_port=0 leaves no room for 4"),
+    pytest.param("v4-8", 4, 4, 8476, r"local_rank=4 must be in 0\.\.3", id="rank-too-high"),
+    pytest.param("v4-8", -1, 4, 8476, r"local_rank=-1 must be in 0\.\.3", id="rank-negative"),
+    pytest.param("v4-8", 0, 8, 8476, r"local_world_size=8 must be between 1 and the 4 TPU chips",
+                 id="more-processes-than-chips"),
+    pytest.param("v4-8", 0, 0, 8476, r"local_world_size=0 must be between 1 and the 4 TPU chips",
+                 id="no-processes"),
+    pytest.param("v4-8", 0, 2, 8476, r"local_world_size=2 must be 4, one process per chip",
+                 id="some-but-not-all-chips"),
+    pytest.param("v4-16", 0, 1, 8476, r"local_world_size=1 must be 4, one process per chip",
+                 id="one-process-on-multi-host"),
+    pytest.param("v4-8", 0, 4, 65534, r"base_port=65534 leaves no room for 4", id="ports-past-65535"),
+    pytest.param("v4-8", 0, 4, 0, r"base_port=0 leaves no room for 4", id="port-zero"),
 ])
 def test_worker_env_rejects_bad_input(slice_name, local_rank, local_world_size, base_port, match):
     with pytest.raises(ValueError, match=match) as error:
@@ -173,11 +179,14 @@ def test_worker_env_rejects_bad_input(slice_name, local_rank, local_world_size, 
 
 
 @pytest.mark.parametrize("fields,match", [
-    (dict(accelerator_type="gpu-8"), r"'gpu-8' is not of the form"),
-    (dict(host_bounds=(1, 2)), r"host_bounds must be three positive integers, got \(1, 2\)"),
-    (dict(chips_per_host_bounds=(2, 0, 1)), r"chips_per_host_bounds must be three positive integers"),
-    (dict(worker_ips=("10.0.0.1",)), r"worker_ips lists 1 hosts but host_bounds \(1, 1, 2\) describe 2"),
-    (dict(worker_id=2), r"worker_id 2 is outside the slice's 2 hosts"),
+    pytest.param(dict(accelerator_type="gpu-8"), r"'gpu-8' is not of the form", id="accelerator-type"),
+    pytest.param(dict(host_bounds=(1, 2)), r"host_bounds must be three positive integers, got \(1, 2\)",
+                 id="two-bounds"),
+    pytest.param(dict(chips_per_host_bounds=(2, 0, 1)), r"chips_per_host_bounds must be three positive integers",
+                 id="zero-bound"),
+    pytest.param(dict(worker_ips=("10.0.0.1",)), r"worker_ips lists 1 hosts but host_bounds \(1, 1, 2\) describe 2",
+                 id="too-few-worker-ips"),
+    pytest.param(dict(worker_id=2), r"worker_id 2 is outside the slice's 2 hosts", id="worker-id"),
 ])
 def test_topology_rejects_bad_input(fields, match):
     good = dict(accelerator_type="v4-16", host_bounds=(1, 1, 2), chips_per_host_bounds=(2, 2, 1),
@@ -244,6 +253,41 @@ def test_detect_topology_from_metadata(name, host, tmp_path, monkeypatch):
         f"{name} host {host}: from metadata {metadata!r} expected {s.topology(host)!r}, got {found!r}"
 
 
+def test_detect_topology_over_http(tmp_path, monkeypatch):
+    """The real request path, against a stand-in metadata server that, like GCE's,
+    refuses requests without the Metadata-Flavor header."""
+    s = SLICES["v4-16"]
+    metadata = s.metadata(1)
+
+    class MetadataServer(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            key = self.path.rsplit("/", 1)[-1]
+            if self.headers.get("Metadata-Flavor") != "Google" or key not in metadata:
+                self.send_error(403 if key in metadata else 404)
+                return
+            body = metadata[key].encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetadataServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        monkeypatch.setattr(tpu_topology, "_METADATA_URL",
+                            f"http://127.0.0.1:{server.server_port}/computeMetadata/v1/instance/attributes/")
+        bus = make_pci_tree(tmp_path, [(GOOGLE, "0x005e")] * 4)
+        found = detect_topology({}, sysfs_root=bus)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert found == s.topology(1), \
+        f"v4-16 host 1 over HTTP: expected {s.topology(1)!r}, got {found!r}"
+
+
 def test_detect_topology_from_environment(tmp_path, monkeypatch):
     """On GKE (TPU_SKIP_MDS_QUERY) the topology comes from TPU_* variables, not metadata."""
     monkeypatch.setattr(tpu_topology, "_metadata", _fail_metadata)
@@ -273,7 +317,7 @@ def test_detect_topology_when_metadata_server_is_unreachable(tmp_path, monkeypat
 
     monkeypatch.setattr(tpu_topology, "_metadata", unreachable)
     bus = make_pci_tree(tmp_path, [(GOOGLE, "0x005e")] * 4)
-    with pytest.raises(RuntimeError, match="TPU chips but the TPU metadata server did not answer"):
+    with pytest.raises(RuntimeError, match="TPU chips but its TPU metadata could not be read"):
         detect_topology({}, sysfs_root=bus)
 
 
