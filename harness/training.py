@@ -1,0 +1,117 @@
+"""Run a fixture training script under an accelerator and compare loss curves.
+
+One runner serves the project's tests and the conformance suites: it starts the script
+the way a user would (`python script.py` with torch.distributed's environment for one
+rank, or DeepSpeed's own `deepspeed --num_gpus N` launcher), reads the per-step losses
+the script writes, and compares a candidate curve with a reference curve against the
+tolerance table in fixtures/tolerances.toml.
+"""
+
+import dataclasses
+import json
+import os
+import socket
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = REPO / "fixtures"
+TOLERANCES = FIXTURES / "tolerances.toml"
+
+
+class TrainingFailed(RuntimeError):
+    """The script exited non-zero or wrote no losses; the message carries its log tail."""
+
+
+@dataclasses.dataclass
+class TrainingRun:
+    losses: list
+    device: str
+    log: str
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_training(script, config, accelerator, workdir, *, world_size=1, steps=6, launcher="python",
+                 extra_args=(), extra_env=None, timeout=600):
+    """Train `script` with DeepSpeed config `config` under DS_ACCELERATOR=`accelerator`.
+
+    launcher="python": one rank, started as `python script.py` with RANK/WORLD_SIZE/...
+    set (how torchrun-style jobs start a rank). launcher="deepspeed": DeepSpeed's own
+    launcher with `--num_gpus world_size`.
+    """
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    losses_file = workdir / f"losses-{accelerator}.json"
+    losses_file.unlink(missing_ok=True)
+    port = free_port()
+    env = dict(os.environ, DS_ACCELERATOR=accelerator, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"),
+               PYTHONUNBUFFERED="1", **(extra_env or {}))
+    args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
+            str(losses_file), *extra_args]
+    if launcher == "python":
+        if world_size != 1:
+            raise ValueError("launcher='python' starts a single rank; use launcher='deepspeed' for more")
+        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port))
+        cmd = [sys.executable, *args]
+    elif launcher == "deepspeed":
+        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(world_size), "--master_port",
+               str(port), *args]
+    else:
+        raise ValueError(f"unknown launcher {launcher!r}: expected 'python' or 'deepspeed'")
+    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
+    log = proc.stdout + proc.stderr
+    (workdir / f"train-{accelerator}.log").write_text(log)
+    if proc.returncode != 0 or not losses_file.exists():
+        tail = "\n".join(log.strip().splitlines()[-25:])
+        raise TrainingFailed(f"{Path(script).name} with {Path(config).name} under DS_ACCELERATOR={accelerator} "
+                             f"exited {proc.returncode}; log tail:\n{tail}")
+    result = json.loads(losses_file.read_text())
+    return TrainingRun(losses=result["losses"], device=result["device"], log=log)
+
+
+def tolerance(precision):
+    """(rtol, atol) for 'fp32' or 'bf16' from fixtures/tolerances.toml."""
+    table = tomllib.loads(TOLERANCES.read_text())
+    if precision not in table:
+        raise KeyError(f"no tolerance for precision {precision!r} in {TOLERANCES}; have {sorted(table)}")
+    return table[precision]["rtol"], table[precision]["atol"]
+
+
+def compare_losses(reference, candidate, precision):
+    """Evidence dict: ok, max abs/rel error, tolerance, first diverging step, both curves."""
+    rtol, atol = tolerance(precision)
+    abs_err = [abs(c - r) for r, c in zip(reference, candidate)]
+    rel_err = [e / abs(r) if r else e for e, r in zip(abs_err, reference)]
+    diverging = [i for i, (e, r) in enumerate(zip(abs_err, reference)) if e > atol + rtol * abs(r)]
+    same_length = len(reference) == len(candidate)
+    return {
+        "ok": same_length and not diverging,
+        "steps": len(reference),
+        "candidate_steps": len(candidate),
+        "max_abs_err": max(abs_err, default=0.0),
+        "max_rel_err": max(rel_err, default=0.0),
+        "rtol": rtol,
+        "atol": atol,
+        "first_diverging_step": diverging[0] if diverging else None,
+        "reference": list(reference),
+        "candidate": list(candidate),
+    }
+
+
+def describe_mismatch(evidence, what):
+    """One paragraph a reader understands without the test: where and by how much."""
+    if evidence["steps"] != evidence["candidate_steps"]:
+        return f"{what}: candidate logged {evidence['candidate_steps']} steps, reference {evidence['steps']}"
+    step = evidence["first_diverging_step"]
+    return (f"{what}: loss diverges from the CPU reference at step {step} "
+            f"(reference {evidence['reference'][step]!r}, candidate {evidence['candidate'][step]!r}); "
+            f"max rel err {evidence['max_rel_err']:.3g} over {evidence['steps']} steps, "
+            f"tolerance rtol={evidence['rtol']:g} atol={evidence['atol']:g}")
