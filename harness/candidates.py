@@ -1,0 +1,175 @@
+"""Candidate accelerators: parsing `--candidate SPEC` and installing the candidate in a process.
+
+SPEC is one of
+  deepspeed_xla           this project's accelerator, activated by DS_ACCELERATOR=xla
+  in-tree                 DeepSpeed's own answer to DS_ACCELERATOR=xla (a DeepSpeed branch)
+  module:Class            a class importable from a module
+  path/to/file.py:Class   a class defined in a Python file
+
+The orchestrator only parses the spec (usage errors are exit 2). Every process that runs
+checks calls `install_from_env()` before DeepSpeed is used; failures to import or build
+the candidate are CandidateError with a one-line reason, reported as a failed run.
+"""
+
+import importlib
+import importlib.util
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEC_ENV = "HARNESS_CANDIDATE"
+DEFAULT_SPEC = "deepspeed_xla"
+_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_FORMS = "expected deepspeed_xla, in-tree, module:Class or path/to/file.py:Class"
+
+
+class SpecError(ValueError):
+    """A malformed --candidate value (bad usage)."""
+
+
+class CandidateError(RuntimeError):
+    """The candidate could not be imported, built or installed (a failed run)."""
+
+
+@dataclass(frozen=True)
+class CandidateSpec:
+    text: str
+    kind: str  # "deepspeed_xla", "in-tree", "module" or "file"
+    target: str = ""  # module name or file path
+    attr: str = ""  # class name
+
+    @property
+    def name(self):
+        """Short name used for expectation files and report titles."""
+        if self.kind in ("deepspeed_xla", "in-tree"):
+            return self.kind
+        base = Path(self.target).stem if self.kind == "file" else self.target
+        return f"{base}.{self.attr}"
+
+    @property
+    def canonical(self):
+        """The spec with a file candidate's path made absolute (child processes run elsewhere)."""
+        return f"{self.target}:{self.attr}" if self.kind == "file" else self.text
+
+    def child_env(self, env):
+        """`env` for a process that should run with this candidate installed.
+
+        deepspeed_xla is activated at interpreter start by DS_ACCELERATOR=xla. Any other
+        candidate must not see DS_ACCELERATOR at start: DeepSpeed rejects unknown names,
+        and deepspeed_xla's start-up hook would answer "xla" in the candidate's place.
+        """
+        env = dict(env)
+        env[SPEC_ENV] = self.canonical
+        if self.kind == "deepspeed_xla":
+            env["DS_ACCELERATOR"] = "xla"
+        else:
+            env.pop("DS_ACCELERATOR", None)
+        return env
+
+
+def parse_spec(text):
+    """CandidateSpec for `text`, or SpecError with a one-line reason."""
+    text = (text or "").strip()
+    if text in ("deepspeed_xla", "in-tree"):
+        return CandidateSpec(text, text)
+    target, sep, attr = text.rpartition(":")
+    if not sep:
+        raise SpecError(f"candidate {text!r} names no class; {_FORMS}")
+    if not target:
+        raise SpecError(f"candidate {text!r} names no module or file before ':'; {_FORMS}")
+    if not _IDENTIFIER.match(attr):
+        raise SpecError(f"candidate {text!r}: {attr!r} is not a class name; {_FORMS}")
+    if target.endswith(".py") or "/" in target or os.sep in target:
+        if not target.endswith(".py"):
+            raise SpecError(f"candidate {text!r}: a file candidate must be a .py file; {_FORMS}")
+        return CandidateSpec(text, "file", str(Path(target).resolve()), attr)
+    if not _MODULE.match(target):
+        raise SpecError(f"candidate {text!r}: {target!r} is not a module name; {_FORMS}")
+    return CandidateSpec(text, "module", target, attr)
+
+
+def _import_target(spec):
+    if spec.kind == "module":
+        return importlib.import_module(spec.target)
+    path = Path(spec.target)
+    if not path.is_file():
+        raise CandidateError(f"candidate file {spec.target} does not exist")
+    module_name = f"harness_candidate_{path.stem}"
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_name] = module  # dataclasses and pickling look classes up here
+    module_spec.loader.exec_module(module)
+    return module
+
+
+def _build(spec):
+    """Import and construct a module/file candidate."""
+    try:
+        module = _import_target(spec)
+    except CandidateError:
+        raise
+    except BaseException as err:  # a candidate may even call sys.exit on import
+        raise CandidateError(f"cannot import candidate {spec.text}: {type(err).__name__}: {err}") from None
+    cls = getattr(module, spec.attr, None)
+    if cls is None:
+        raise CandidateError(f"candidate {spec.text}: {spec.target} has no attribute {spec.attr!r}")
+    from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+    if not (isinstance(cls, type) and issubclass(cls, DeepSpeedAccelerator)):
+        raise CandidateError(f"candidate {spec.text}: {spec.attr} is not a DeepSpeedAccelerator subclass")
+    try:
+        return cls()
+    except BaseException as err:
+        raise CandidateError(f"candidate {spec.text}: constructing {spec.attr}() failed: "
+                             f"{type(err).__name__}: {err}") from None
+
+
+def _resolve_xla_name(spec):
+    """The accelerator DeepSpeed itself resolves for DS_ACCELERATOR=xla."""
+    os.environ["DS_ACCELERATOR"] = "xla"
+    try:
+        from deepspeed.accelerator import get_accelerator
+        accelerator = get_accelerator()
+    except BaseException as err:
+        raise CandidateError(f"candidate {spec.text}: DeepSpeed did not accept DS_ACCELERATOR=xla: "
+                             f"{type(err).__name__}: {err}") from None
+    module = type(accelerator).__module__
+    if spec.kind == "in-tree" and not module.startswith("deepspeed."):
+        raise CandidateError(f"candidate in-tree: DS_ACCELERATOR=xla was answered by {module}, "
+                             "not by DeepSpeed itself")
+    if spec.kind == "deepspeed_xla" and not module.startswith("deepspeed_xla"):
+        raise CandidateError(f"candidate deepspeed_xla: DS_ACCELERATOR=xla selected {module}; "
+                             "is deepspeed_xla installed (its .pth start-up hook)?")
+    return accelerator
+
+
+def install(spec):
+    """Install the candidate as DeepSpeed's accelerator in this process and return it."""
+    try:
+        import torch_xla  # noqa: F401  (must be loaded before DeepSpeed places anything on xla)
+    except ImportError as err:
+        raise CandidateError(f"torch_xla is not importable: {err}") from None
+    if spec.kind in ("deepspeed_xla", "in-tree"):
+        return _resolve_xla_name(spec)
+    accelerator = _build(spec)
+    from deepspeed.accelerator import set_accelerator
+    try:
+        set_accelerator(accelerator)
+    except BaseException as err:
+        raise CandidateError(f"candidate {spec.text}: DeepSpeed refused it: {type(err).__name__}: {err}") from None
+    return accelerator
+
+
+def spec_from_env():
+    return parse_spec(os.environ.get(SPEC_ENV, DEFAULT_SPEC))
+
+
+def install_from_env():
+    """Install the candidate this process was started for (HARNESS_CANDIDATE)."""
+    try:
+        spec = spec_from_env()
+    except SpecError as err:
+        raise CandidateError(str(err)) from None
+    return install(spec)

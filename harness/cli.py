@@ -1,0 +1,164 @@
+"""`python -m harness run --backend {cpu,tpu} --candidate SPEC --suite NAME --out DIR`
+
+Exit status: 0 when nothing failed unexpectedly, 1 on unexpected failures (or a run that
+did not complete), 2 on bad usage, with a one-line reason. The checks run in a child
+pytest process (this process never starts a device runtime: on a TPU host, the process
+that does owns the chips); this process turns what the child streamed into the reports.
+"""
+
+import argparse
+import fnmatch
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from . import candidates, curves, environment, expectations, report_json, report_junit, report_md, run_dir, suites
+from .plugin import OUT_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
+# pytest exit codes after which the child ran what it collected (0 passed, 1 failures, 5 nothing)
+_FINISHED = (0, 1, 5)
+
+
+class UsageError(Exception):
+    """Bad usage: reported on one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _parser():
+    parser = _Parser(prog="python -m harness", description="DeepSpeed XLA accelerator conformance harness")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    run = commands.add_parser("run", help="run a conformance suite against a candidate accelerator")
+    run.add_argument("--backend", required=True, choices=sorted(PJRT_DEVICE), help="PJRT CPU emulation or real TPU")
+    run.add_argument("--candidate", default=candidates.DEFAULT_SPEC,
+                     help="deepspeed_xla (default), in-tree, module:Class or path/to/file.py:Class")
+    run.add_argument("--suite", default="all", help=f"one of: {', '.join(sorted(suites.SUITES))} (default all)")
+    run.add_argument("--out", help="run directory (default: reports/<run-id>/)")
+    run.add_argument("--expectations", help="expectations TOML (default fixtures/expectations/<candidate>-<backend>.toml)")
+    run.add_argument("--workers", type=int, default=0, help="pytest-xdist worker processes (default 0: one process)")
+    run.add_argument("--timeout", type=int, default=600, help="seconds one check may take (default 600)")
+    run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments (e.g. -k)")
+    return parser
+
+
+def _plan(args):
+    """Validate everything the run needs before starting anything; UsageError otherwise."""
+    try:
+        spec = candidates.parse_spec(args.candidate)
+        modules = suites.modules_for(args.suite)
+    except (candidates.SpecError, suites.UnknownSuite) as err:
+        raise UsageError(str(err)) from None
+    if not modules:
+        raise UsageError(f"suite {args.suite!r} has no conformance modules yet "
+                         f"(conformance/test_<area>_*.py for areas {', '.join(suites.SUITES[args.suite])})")
+    if args.expectations and not Path(args.expectations).is_file():
+        raise UsageError(f"expectations file {args.expectations} does not exist")
+    expectation_path = args.expectations or expectations.default_path(spec.name, args.backend)
+    try:
+        expected = expectations.load(expectation_path)
+    except expectations.ExpectationsError as err:
+        raise UsageError(str(err)) from None
+    if args.workers < 0 or args.timeout <= 0:
+        raise UsageError("--workers must be >= 0 and --timeout > 0")
+    device_kind, device_count = environment.devices(args.backend)
+    if device_count < 1:
+        raise UsageError(f"--backend {args.backend}: no {device_kind} devices found on this host")
+    return spec, modules, expected, device_kind, device_count
+
+
+def _run_child(command, env):
+    """Run the checks; (pytest exit code or -signal, interrupted by the user)."""
+    child = subprocess.Popen(command, env=env, cwd=REPO)
+    try:
+        return child.wait(), False
+    except KeyboardInterrupt:
+        # A terminal Ctrl-C reached the child too; a signal sent to this process alone did not.
+        child.send_signal(signal.SIGINT)
+        try:
+            return child.wait(timeout=60), True
+        except (subprocess.TimeoutExpired, KeyboardInterrupt):
+            child.kill()
+            return child.wait(), True
+
+
+def _relevant(expected, modules):
+    """Expectations for modules this suite runs (others cannot match, and are not 'unmatched')."""
+    names = [module.relative_to(REPO).as_posix() for module in modules]
+    return [e for e in expected if any(fnmatch.fnmatchcase(name, e.id.split("::", 1)[0]) for name in names)]
+
+
+def finish(*, out, run_id, suite, expected, env_fingerprint, child_rc, interrupted):
+    """Write report.json, junit.xml, report.md and plots from the run's parts; returns the report."""
+    results, session = report_json.read_parts(out / "parts")
+    complete = not interrupted and child_rc in _FINISHED and bool(session.get("finished"))
+    unmatched = expectations.apply(results, expected) if complete else []
+    artifacts = curves.plot_results(results, out)
+    report = report_json.build(run_id=run_id, suite=suite, results=results, session=session,
+                               environment=env_fingerprint, complete=complete, unmatched_expectations=unmatched,
+                               artifacts=artifacts)
+    report_json.write(report, out / "report.json")
+    report_junit.write(results, out / "parts", out / "junit.xml")
+    report_md.write(report, out / "report.md")
+    return report
+
+
+def exit_status(report):
+    return 0 if report["complete"] and report["summary"]["failed"] == 0 else 1
+
+
+def _summary_line(report):
+    s, cov = report["summary"], report["coverage"]["interface"]
+    line = (f"{s['passed']} passed, {s['failed']} failed, {s['xfailed']} xfailed, {s['xpassed']} xpassed, "
+            f"{s['skipped']} skipped ({s['total']} total); interface coverage {cov['checked']}/{cov['total']}")
+    if cov["unchecked"]:
+        line += f" (unchecked: {', '.join(cov['unchecked'])})"
+    if not report["complete"]:
+        line += "; INCOMPLETE run"
+    return line
+
+
+def run(args):
+    spec, modules, expected, device_kind, device_count = _plan(args)
+    run_id = run_dir.new_run_id(args.suite, args.backend)
+    out = run_dir.prepare(args.out or run_dir.reports_root() / run_id)
+    env = spec.child_env(os.environ)
+    env["PJRT_DEVICE"] = PJRT_DEVICE[args.backend]
+    env[OUT_ENV] = str(out)
+    command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+               "--rootdir", str(REPO), "--timeout", str(args.timeout), "-q", "-rfEX",
+               *(["-n", str(args.workers), "--dist", "loadfile"] if args.workers else []),
+               *[str(m) for m in modules], *[a for a in args.pytest_args if a != "--"]]
+    print(f"harness: suite {args.suite} on {args.backend}, candidate {spec.text}: {len(modules)} modules -> {out}",
+          flush=True)
+    child_rc, interrupted = _run_child(command, env)
+    fingerprint = environment.fingerprint(args.backend, spec.text, device_kind, device_count, env)
+    report = finish(out=out, run_id=run_id, suite=args.suite, expected=_relevant(expected, modules),
+                    env_fingerprint=fingerprint, child_rc=child_rc, interrupted=interrupted)
+    latest = run_dir.point_latest(out)
+    for result in report["results"]:
+        if result["status"] == "failed":
+            print(f"harness: FAILED {result['id']}: {result['message'].splitlines()[0] if result['message'] else ''}")
+    for entry in report["expectations"]["unmatched"]:
+        print(f"harness: expectation matched no test: {entry['id']}")
+    for test_id in report["expectations"]["xpassed"]:
+        print(f"harness: expected failure passed: {test_id}")
+    print(f"harness: {_summary_line(report)}")
+    print(f"harness: report: {out / 'report.md'} (report.json, junit.xml; latest: {latest})")
+    return exit_status(report)
+
+
+def main(argv=None):
+    try:
+        args = _parser().parse_args(argv)
+        return run(args)
+    except UsageError as err:
+        print(f"harness: error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,65 @@
+"""One result per test from pytest's per-phase reports (setup, call, teardown).
+
+Pure functions over report-shaped objects, so the rules are testable without pytest runs.
+"""
+
+MESSAGE_LIMIT = 2000
+TRACEBACK_LIMIT = 8000
+
+
+def _text(longrepr):
+    if longrepr is None:
+        return ""
+    if isinstance(longrepr, tuple):  # skips: (path, lineno, "Skipped: reason")
+        return str(longrepr[-1])
+    crash = getattr(longrepr, "reprcrash", None)
+    if crash is not None and crash.message:
+        return crash.message
+    return str(longrepr)
+
+
+def _clip(text, limit):
+    return text if len(text) <= limit else text[:limit] + " ...[truncated]"
+
+
+def status_of(reports):
+    """(status, deciding report) for one test's phase reports, in the order they ran."""
+    for report in reports:
+        if report.failed:
+            return "failed", report
+        if report.skipped:
+            return ("xfailed" if getattr(report, "wasxfail", None) is not None else "skipped"), report
+    call = next((r for r in reports if r.when == "call"), None)
+    if call is not None and getattr(call, "wasxfail", None) is not None:
+        return "xpassed", call
+    return "passed", call
+
+
+def result_record(nodeid, reports):
+    """The report.json result for a test (without expectations applied)."""
+    status, deciding = status_of(reports)
+    properties = {}
+    for report in reports:
+        properties.update(dict(getattr(report, "user_properties", ()) or ()))
+    meta = properties.get("harness", {})
+    message = ""
+    traceback = ""
+    if deciding is not None:
+        if status in ("xfailed", "xpassed"):
+            message = str(deciding.wasxfail)
+        else:
+            message = _text(deciding.longrepr)
+        if status == "failed":
+            if deciding.when != "call":
+                message = f"error in {deciding.when}: {message}"
+            traceback = _clip(getattr(deciding, "longreprtext", "") or "", TRACEBACK_LIMIT)
+    return {
+        "id": nodeid,
+        "area": meta.get("area"),
+        "method": meta.get("method"),
+        "status": status,
+        "message": _clip(message.strip(), MESSAGE_LIMIT),
+        "duration_s": round(sum(getattr(r, "duration", 0.0) for r in reports), 4),
+        "evidence": properties.get("evidence") or {},
+        "traceback": traceback,
+    }

@@ -1,0 +1,154 @@
+"""The pytest plugin behind `python -m harness run` (loaded with `-p harness.plugin`).
+
+In every pytest process (the xdist controller and each worker) it installs the candidate
+before conformance modules are imported, tags each test with its area and interface
+method, and offers the `evidence` fixture. The process that sees every result (the
+controller, or the only process) streams them to OUT/parts/results.jsonl as they finish,
+so a run that is interrupted or loses its process still leaves what it did.
+"""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from . import candidates, checklist
+from .outcomes import result_record
+from .suites import AREAS, area_of_module
+
+OUT_ENV = "HARNESS_OUT"
+RESULTS_FILE = "results.jsonl"
+SESSION_FILE = "session.json"
+CANDIDATE_RESULT_ID = "candidate"
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("harness")
+    group.addoption("--harness-out", default=os.environ.get(OUT_ENV),
+                    help="run directory: results are streamed to <dir>/parts/")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"area(name): conformance area of a module, one of {', '.join(AREAS)}")
+    session = HarnessSession(config)
+    config.pluginmanager.register(session, "harness-session")
+
+
+@pytest.fixture
+def evidence(request):
+    """A dict a check fills with what it measured (errors, tolerances, curves); lands in the report."""
+    data = {}
+    request.node.user_properties.append(("evidence", data))
+    return data
+
+
+class HarnessSession:
+
+    def __init__(self, config):
+        self.config = config
+        self.candidate_error = None
+        self.accelerator = None
+        try:
+            self.accelerator = candidates.install_from_env()
+        except candidates.CandidateError as err:
+            self.candidate_error = str(err)
+        self.methods = checklist.interface_methods() if self.candidate_error is None else []
+        self.problems = {}
+        self.phases = {}
+        out = config.getoption("harness_out")
+        self.recording = bool(out) and not hasattr(config, "workerinput")
+        if self.recording:
+            self.parts = Path(out) / "parts"
+            self.parts.mkdir(parents=True, exist_ok=True)
+            self.stream = open(self.parts / RESULTS_FILE, "a", encoding="utf-8")
+            self._write_session(finished=False)
+            if self.candidate_error is not None:
+                self._emit({"event": "result", "id": CANDIDATE_RESULT_ID, "area": "candidate", "method": None,
+                            "status": "failed", "message": self.candidate_error, "duration_s": 0.0,
+                            "evidence": {}, "traceback": ""})
+
+    # What the candidate and the checklist were, for the report.
+    def _write_session(self, finished, exitstatus=None):
+        accelerator_class = None
+        if self.accelerator is not None:
+            accelerator_class = f"{type(self.accelerator).__module__}.{type(self.accelerator).__qualname__}"
+        data = {
+            "candidate_error": self.candidate_error,
+            "accelerator_class": accelerator_class,
+            "interface_methods": self.methods,
+            "finished": finished,
+            "exitstatus": exitstatus,
+        }
+        (self.parts / SESSION_FILE).write_text(json.dumps(data, indent=1))
+
+    def _emit(self, record):
+        self.stream.write(json.dumps(record, default=str) + "\n")
+        self.stream.flush()
+
+    def pytest_report_header(self, config):
+        if self.candidate_error:
+            return f"harness candidate: FAILED: {self.candidate_error}"
+        return f"harness candidate: {type(self.accelerator).__module__}.{type(self.accelerator).__qualname__}"
+
+    # Tagging: area from the module's marker (checked against its file name), method from the test name.
+    def pytest_collection_modifyitems(self, session, config, items):
+        if self.candidate_error is not None:
+            config.hook.pytest_deselected(items=list(items))
+            items.clear()
+            return
+        for item in items:
+            area, problem = self._area(item)
+            method = None
+            if area == "interface":
+                method = checklist.method_of(item.name, self.methods)
+                if method is None:
+                    problem = (f"interface check {item.originalname or item.name} names no method of "
+                               "DeepSpeedAccelerator; name it test_<method> or test_<method>__<aspect>")
+            if problem:
+                self.problems[item.nodeid] = problem
+            item.user_properties.append(("harness", {"area": area, "method": method}))
+
+    @staticmethod
+    def _area(item):
+        by_file = area_of_module(item.path)
+        marker = item.get_closest_marker("area")
+        if marker is None or not marker.args:
+            return by_file, f"{item.path.name} declares no area: add pytestmark = pytest.mark.area(\"{by_file}\")"
+        if marker.args[0] not in AREAS or marker.args[0] != by_file:
+            return by_file, (f"{item.path.name} declares area {marker.args[0]!r}, but its file name puts it "
+                             f"in {by_file!r} (conformance/test_<area>_*.py; areas: {', '.join(AREAS)})")
+        return marker.args[0], None
+
+    def pytest_runtest_setup(self, item):
+        if item.nodeid in self.problems:
+            pytest.fail(self.problems[item.nodeid], pytrace=False)
+
+    # Recording (controller only): start markers let the report name a test whose process died.
+    def pytest_runtest_logstart(self, nodeid, location):
+        if self.recording:
+            self._emit({"event": "start", "id": nodeid})
+
+    def pytest_runtest_logreport(self, report):
+        if self.recording:
+            self.phases.setdefault(report.nodeid, []).append(report)
+
+    def pytest_runtest_logfinish(self, nodeid, location):
+        if self.recording and nodeid in self.phases:
+            self._emit({"event": "result", **result_record(nodeid, self.phases.pop(nodeid))})
+
+    def pytest_collectreport(self, report):
+        if self.recording and report.failed:
+            self._emit({"event": "result", "id": report.nodeid, "area": area_of_module(report.nodeid),
+                        "method": None, "status": "failed",
+                        "message": f"collection error: {report.longreprtext.strip().splitlines()[-1]}",
+                        "duration_s": 0.0, "evidence": {}, "traceback": report.longreprtext[-8000:]})
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if not self.recording:
+            return
+        for nodeid, reports in self.phases.items():  # e.g. a worker crashed after its setup report
+            self._emit({"event": "result", **result_record(nodeid, reports)})
+        self.phases.clear()
+        self._write_session(finished=exitstatus != pytest.ExitCode.INTERRUPTED, exitstatus=int(exitstatus))
+        self.stream.close()

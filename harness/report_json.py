@@ -1,0 +1,84 @@
+"""report.json: results read back from the run's parts, summarised, with coverage and environment."""
+
+import json
+from pathlib import Path
+
+from . import checklist
+from .plugin import RESULTS_FILE, SESSION_FILE
+from .suites import area_of_module
+
+SCHEMA_VERSION = 1
+STATUSES = ("passed", "failed", "xfailed", "xpassed", "skipped")
+
+
+def read_parts(parts_dir):
+    """(results, session) from a run's parts directory.
+
+    A test that started but has no result lost its process (a crash, a kill, a timeout
+    that ended the process): it is reported as failed, naming that.
+    """
+    parts_dir = Path(parts_dir)
+    session_path = parts_dir / SESSION_FILE
+    session = json.loads(session_path.read_text()) if session_path.is_file() else {}
+    results, started = {}, []
+    path = parts_dir / RESULTS_FILE
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a killed process
+            if record.pop("event", None) == "start":
+                started.append(record["id"])
+            else:
+                results[record["id"]] = record
+    for nodeid in started:
+        if nodeid not in results:
+            results[nodeid] = {
+                "id": nodeid, "area": area_of_module(nodeid.split("::", 1)[0]),
+                "method": checklist.method_of(nodeid.rsplit("::", 1)[-1], session.get("interface_methods", [])),
+                "status": "failed",
+                "message": "the process running this check ended before the check finished "
+                           "(crash, kill or interruption)",
+                "duration_s": 0.0, "evidence": {}, "traceback": ""}
+    return list(results.values()), session
+
+
+def summarize(results):
+    summary = {status: 0 for status in STATUSES}
+    for result in results:
+        summary[result["status"]] += 1
+    summary["total"] = len(results)
+    return summary
+
+
+def by_area(results):
+    """{area: summary} for the areas that have results, in a stable order."""
+    areas = sorted({r["area"] or "unknown" for r in results})
+    return {area: summarize([r for r in results if (r["area"] or "unknown") == area]) for area in areas}
+
+
+def interface_coverage(results, methods):
+    checked = {r["method"] for r in results if r["area"] == "interface" and r["status"] != "skipped"}
+    return checklist.coverage(methods, checked)
+
+
+def build(*, run_id, suite, results, session, environment, complete, unmatched_expectations, artifacts):
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": run_id,
+        "suite": suite,
+        "complete": complete,
+        "summary": summarize(results),
+        "areas": by_area(results),
+        "results": results,
+        "coverage": {"interface": interface_coverage(results, session.get("interface_methods", []))},
+        "expectations": {"unmatched": unmatched_expectations,
+                         "xpassed": [r["id"] for r in results if r["status"] == "xpassed"]},
+        "environment": {**environment, "accelerator_class": session.get("accelerator_class")},
+        "artifacts": artifacts,
+    }
+
+
+def write(report, path):
+    Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")

@@ -1,0 +1,42 @@
+"""junit.xml: the run's results as one suite per area, merged with the junit files that
+rank processes and other tools drop into the run's parts directory."""
+
+from pathlib import Path
+
+from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+
+
+def _case(result):
+    module, _, name = result["id"].rpartition("::")
+    case = TestCase(name=name or result["id"], classname=module.replace("/", ".").removesuffix(".py"),
+                    time=result["duration_s"])
+    status, message = result["status"], result["message"]
+    if status == "failed":
+        failure = Failure(message=message.splitlines()[0] if message else "failed")
+        failure.text = result.get("traceback") or message
+        case.result = [failure]
+    elif status in ("skipped", "xfailed"):
+        reason = message
+        if result.get("expectation"):
+            reason = f"expected failure: {result['expectation']['reason']} ({result['expectation']['link']})"
+        case.result = [Skipped(message=f"{status}: {reason}")]
+    return case
+
+
+def build(results, parts_dir):
+    xml = JUnitXml(name="deepspeed-xla conformance")
+    for area in sorted({r["area"] or "unknown" for r in results}):
+        suite = TestSuite(name=area)
+        for result in results:
+            if (result["area"] or "unknown") == area:
+                suite.add_testcase(_case(result))
+        suite.update_statistics()
+        xml.add_testsuite(suite)
+    for part in sorted(Path(parts_dir).glob("*.xml")):
+        xml += JUnitXml.fromfile(str(part))
+    xml.update_statistics()
+    return xml
+
+
+def write(results, parts_dir, path):
+    build(results, parts_dir).write(str(path), pretty=True)

@@ -1,0 +1,82 @@
+"""report.md: a run's report ready to paste into a pull request."""
+
+import json
+
+from .report_json import STATUSES
+
+_MARK = {"passed": "✅", "failed": "❌", "xfailed": "⚠️", "xpassed": "❗", "skipped": "⏭️"}
+
+
+def _cell(text):
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _details(summary, body):
+    return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>\n"
+
+
+def _evidence_block(result, artifacts):
+    parts = []
+    if result.get("evidence"):
+        parts.append("```json\n" + json.dumps(result["evidence"], indent=1, default=str)[:4000] + "\n```")
+    if result["id"] in artifacts:
+        parts.append(f"![loss curves]({artifacts[result['id']]})")
+    if result.get("traceback"):
+        parts.append("```\n" + result["traceback"] + "\n```")
+    return "\n\n".join(parts)
+
+
+def render(report):
+    summary, env = report["summary"], report["environment"]
+    verdict = "PASS" if summary["failed"] == 0 and report["complete"] else "FAIL"
+    lines = [
+        f"## DeepSpeed XLA conformance: {verdict}",
+        "",
+        f"candidate `{env.get('candidate')}` on `{env.get('backend')}` ({env.get('device_kind')} x"
+        f"{env.get('device_count')}), suite `{report['suite']}`, run `{report['run_id']}`",
+        "",
+    ]
+    if not report["complete"]:
+        lines += ["> **Incomplete run**: interrupted or a check process died; results below are partial.", ""]
+    lines += ["| area | " + " | ".join(STATUSES) + " | total |", "|---" * (len(STATUSES) + 2) + "|"]
+    for area, counts in report["areas"].items():
+        lines.append(f"| {area} | " + " | ".join(str(counts[s]) for s in STATUSES) + f" | {counts['total']} |")
+    lines.append("| **all** | " + " | ".join(f"**{summary[s]}**" for s in STATUSES) + f" | **{summary['total']}** |")
+    coverage = report["coverage"]["interface"]
+    lines += ["", f"Interface coverage: {coverage['checked']}/{coverage['total']} DeepSpeedAccelerator methods checked"
+              + (f"; unchecked: {', '.join(f'`{m}`' for m in coverage['unchecked'])}" if coverage["unchecked"] else ""),
+              ""]
+
+    artifacts = report.get("artifacts", {})
+    for status, title in (("failed", "Failures"), ("xpassed", "Expected failures that passed"),
+                          ("xfailed", "Expected failures")):
+        selected = [r for r in report["results"] if r["status"] == status]
+        if not selected:
+            continue
+        lines += [f"### {title} ({len(selected)})", ""]
+        for result in selected:
+            head = f"{_MARK[status]} `{result['id']}`: {_cell(result['message'].splitlines()[0] if result['message'] else status)}"
+            if result.get("expectation"):
+                head += f" (expected: {_cell(result['expectation']['reason'])}, {result['expectation']['link']})"
+            body = _evidence_block(result, artifacts)
+            lines.append(_details(head, body) if body else f"- {head}\n")
+    unmatched = report["expectations"]["unmatched"]
+    if unmatched:
+        lines += [f"### Expectations that matched no test ({len(unmatched)})", ""]
+        lines += [f"- `{e['id']}`: {_cell(e['reason'])} ({e['link']})" for e in unmatched] + [""]
+    plotted = [r for r in report["results"] if r["id"] in artifacts and r["status"] == "passed"]
+    if plotted:
+        body = "\n\n".join(f"`{r['id']}`\n\n![loss curves]({artifacts[r['id']]})" for r in plotted)
+        lines.append(_details(f"Loss curves ({len(plotted)})", body))
+    rows = "\n".join(f"| {key} | `{_cell(value)}` |" for key, value in env.items() if key != "env")
+    rows += "".join(f"\n| env {key} | `{_cell(value)}` |" for key, value in env.get("env", {}).items())
+    lines.append(_details("Environment", "| | |\n|---|---|\n" + rows))
+    all_results = "\n".join(f"| {_MARK[r['status']]} {r['status']} | `{r['id']}` | {r['duration_s']:.2f} |"
+                            for r in report["results"])
+    lines.append(_details(f"All results ({summary['total']})", "| status | id | seconds |\n|---|---|---|\n" + all_results))
+    return "\n".join(lines) + "\n"
+
+
+def write(report, path):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(render(report))
