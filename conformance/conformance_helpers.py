@@ -1,0 +1,40 @@
+"""Helpers shared by conformance checks (not checks themselves)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import torch
+
+from harness import candidates
+
+# DeepSpeed passes device indices as ints, as strings ("0", from env and configs) and as torch.device.
+INDEX_FORMS = {
+    "int": lambda i: i,
+    "str": lambda i: str(i),
+    "device": lambda i: torch.device("xla", i),
+}
+
+def host(tensor):
+    """Host copy of an XLA tensor (runs its pending graph)."""
+    return tensor.detach().cpu()
+
+def materialise():
+    """Run every pending graph so live XLA tensors hold device buffers (independent of the candidate)."""
+    import torch_xla
+    torch_xla.sync(wait=True)
+
+
+def run_fresh(code, timeout=300):
+    """Run `code` in a fresh Python process with the candidate installed first; returns the JSON
+    object the code prints on its last line. The candidate is `accel` inside `code`."""
+    spec = candidates.spec_from_env()
+    prelude = "from harness.candidates import install_from_env\naccel = install_from_env()\n"
+
+    proc = subprocess.run([sys.executable, "-c", prelude + code], env=spec.child_env(os.environ),
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
+        raise AssertionError(f"fresh process with the candidate failed (exit {proc.returncode}):\n{tail}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])

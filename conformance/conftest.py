@@ -1,0 +1,26 @@
+"""Fixtures shared by conformance modules. The candidate is already installed by the harness
+plugin (harness/plugin.py) when these run; checks reach it the way DeepSpeed does."""
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def accel():
+    from deepspeed.accelerator import get_accelerator
+    return get_accelerator()
+
+
+@pytest.fixture(scope="session")
+def xla_device():
+    """The XLA device this process owns, named independently of the candidate."""
+    import torch_xla  # noqa: F401
+    return torch.device("xla", 0)
+
+
+@pytest.fixture
+def restore_device(accel):
+    """Put the current device back after a check that moves it."""
+    before = accel.current_device()
+    yield
+    accel.set_device(before)

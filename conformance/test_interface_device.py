@@ -1,0 +1,156 @@
+"""Device naming, selection, counting, synchronisation and placement (DeepSpeedAccelerator device APIs).
+
+DeepSpeed builds devices as torch.device(device_name(local_rank)), torch.device(device_name(), i)
+and compares them with current_device_name(); index forms are ints, strings and torch.device.
+"""
+
+
+import pytest
+import torch
+import torch_xla
+
+from conformance_helpers import INDEX_FORMS, host, run_fresh
+
+pytestmark = pytest.mark.area("interface")
+
+
+@pytest.fixture(autouse=True)
+def no_local_rank(monkeypatch):
+    # Outside a launched rank, device index i names local XLA device i.
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+
+
+def test_device_name__no_index(accel):
+    name = accel.device_name()
+    assert name == "xla", (f"device_name() returned {name!r}; DeepSpeed builds torch.device(device_name(), index) "
+                           "from it, so it must be the bare device type 'xla'")
+
+
+@pytest.mark.parametrize("form", INDEX_FORMS)
+@pytest.mark.parametrize("index", [0, 1])
+def test_device_name(accel, form, index):
+    name = accel.device_name(INDEX_FORMS[form](index))
+    assert name == f"xla:{index}", (f"device_name({INDEX_FORMS[form](index)!r}) returned {name!r}, expected "
+                                    f"'xla:{index}': the index must select the device, in every form DeepSpeed passes")
+
+
+def test_device_name__usable_by_torch(accel):
+    tensor = torch.arange(3, device=torch.device(accel.device_name(0)))
+    assert tensor.device.type == "xla", f"a tensor created on device_name(0) landed on {tensor.device}"
+    assert host(tensor).tolist() == [0, 1, 2]
+
+
+@pytest.mark.parametrize("form", INDEX_FORMS)
+def test_device(accel, form):
+    index = INDEX_FORMS[form](0)
+    with accel.device(index):
+        tensor = torch.ones(2, device=accel.device_name(index)) * 3
+    assert host(tensor).tolist() == [3.0, 3.0], f"work inside `with device({index!r})` computed {host(tensor)}"
+
+
+@pytest.mark.parametrize("form", INDEX_FORMS)
+@pytest.mark.parametrize("index", [0, 1])
+def test_set_device(accel, restore_device, form, index):
+    accel.set_device(INDEX_FORMS[form](index))
+    assert accel.current_device() == index, (f"after set_device({INDEX_FORMS[form](index)!r}), current_device() "
+                                             f"returned {accel.current_device()!r}")
+    assert accel.current_device_name() == f"xla:{index}", (
+        f"after set_device({INDEX_FORMS[form](index)!r}), current_device_name() returned "
+        f"{accel.current_device_name()!r}")
+
+
+def test_current_device(accel):
+    current = accel.current_device()
+    assert isinstance(current, int) and not isinstance(current, bool), (
+        f"current_device() returned {current!r} ({type(current).__name__}); DeepSpeed uses it as an int index")
+    assert accel.device_name(current) == accel.current_device_name(), (
+        f"device_name(current_device()) = {accel.device_name(current)!r} but current_device_name() = "
+        f"{accel.current_device_name()!r}")
+
+
+def test_current_device_name(accel):
+    name = accel.current_device_name()
+    assert isinstance(name, str) and name.startswith("xla"), f"current_device_name() returned {name!r}"
+    tensor = torch.full((2, ), 5.0, device=name)
+    assert tensor.device.type == "xla" and host(tensor).tolist() == [5.0, 5.0], (
+        f"a tensor created on current_device_name() = {name!r} is {tensor.device} with {host(tensor)}")
+
+
+# The launcher parent counts devices before any worker starts; on a TPU host the process that
+# starts the XLA runtime owns the chips, so counting must not start it. Checked in fresh processes.
+_FRESH_PROBE = """
+import json, torch_xla
+started = torch_xla._XLAC._xla_runtime_is_initialized
+after_install = started()
+value = accel.{method}()
+print(json.dumps({{"after_install": after_install, "after_call": started(), "value": value,
+                  "type": type(value).__name__}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh_probes():
+    """{method: probe result} for device_count and is_available, each in its own fresh process."""
+    return {method: run_fresh(_FRESH_PROBE.format(method=method)) for method in ("device_count", "is_available")}
+
+
+def _assert_runtime_untouched(probe, method):
+    assert not probe["after_install"], "installing the candidate (importing DeepSpeed) started the XLA runtime"
+    assert not probe["after_call"], (f"{method}() started the XLA runtime (torch_xla runtime initialised "
+                                     "afterwards); the launcher parent would take the devices its workers need")
+
+
+def test_device_count(fresh_probes, evidence):
+    probe = fresh_probes["device_count"]
+    evidence.update(probe)
+    _assert_runtime_untouched(probe, "device_count")
+    assert probe["type"] == "int" and probe["value"] >= 1, (
+        f"device_count() returned {probe['value']!r} ({probe['type']}); expected an int >= 1 on an XLA host")
+
+
+def test_is_available(accel, fresh_probes, evidence):
+    probe = fresh_probes["is_available"]
+    evidence.update(probe)
+    _assert_runtime_untouched(probe, "is_available")
+    assert probe["value"] is True and accel.is_available() is True, (
+        f"is_available() returned {probe['value']!r} in a fresh process and {accel.is_available()!r} here; "
+        "expected True on an XLA host")
+
+
+def _pending_ops(tensor):
+    """IR operations still to run behind `tensor` (beyond its materialised data)."""
+    text = torch_xla._XLAC._get_xla_tensors_text([tensor])
+    return [line.split("=", 1)[1].split("(")[0].strip() for line in text.splitlines()
+            if "=" in line and "xla::device_data" not in line]
+
+
+@pytest.mark.parametrize("form", [None, *INDEX_FORMS])
+def test_synchronize(accel, xla_device, form, evidence):
+    tensor = torch.ones(4, device=xla_device) * 2 + 1
+    assert _pending_ops(tensor), "setup: the lazy tensor should have a pending graph before synchronize()"
+    if form is None:
+        accel.synchronize()
+    else:
+        accel.synchronize(INDEX_FORMS[form](0))
+    pending = _pending_ops(tensor)
+    evidence["pending_after_synchronize"] = pending
+    assert not pending, (f"after synchronize({'' if form is None else form}), the tensor still has a pending graph "
+                         f"({', '.join(pending)}): synchronize must execute queued work and wait for it")
+    assert host(tensor).tolist() == [3.0] * 4
+
+
+def test_on_accelerator(accel, xla_device):
+    on_device = {
+        "xla tensor": torch.zeros(3, device=xla_device),
+        "xla view": torch.zeros(4, 4, device=xla_device)[1:, ::2],
+        "xla op result": torch.zeros(3, device=xla_device) + 1,
+        "xla parameter": torch.nn.Parameter(torch.zeros(2, device=xla_device)),
+    }
+    off_device = {
+        "cpu tensor": torch.zeros(3),
+        "meta tensor": torch.empty(3, device="meta"),
+        "cpu parameter": torch.nn.Parameter(torch.zeros(2)),
+    }
+    wrong = [f"{name} -> {accel.on_accelerator(t)!r}" for name, t in on_device.items() if accel.on_accelerator(t) is not True]
+    wrong += [f"{name} -> {accel.on_accelerator(t)!r}" for name, t in off_device.items() if accel.on_accelerator(t) is not False]
+    assert not wrong, f"on_accelerator must be True exactly for XLA tensors; wrong for: {'; '.join(wrong)}"

@@ -1,0 +1,133 @@
+"""Memory accounting (DeepSpeedAccelerator memory APIs): integer byte counts that are consistent
+with each other (peak >= current, reset brings the peak down, available <= total), usable from
+DeepSpeed's see_memory_usage and ZeRO-3's allocator-retry warning."""
+
+import pytest
+import torch
+
+from conformance_helpers import INDEX_FORMS, host, materialise
+
+pytestmark = pytest.mark.area("interface")
+
+MiB = 1 << 20
+
+
+def _bytes(accel, method, *args):
+    value = getattr(accel, method)(*args)
+    assert isinstance(value, int) and not isinstance(value, bool) and value >= 0, (
+        f"{method}({', '.join(map(repr, args))}) returned {value!r} ({type(value).__name__}); "
+        "expected a byte count (int >= 0)")
+    return value
+
+
+@pytest.fixture
+def big_tensor(xla_device):
+    """64 MiB materialised on the device while the check runs."""
+    tensor = torch.ones(16 * MiB, device=xla_device)
+    materialise()
+    yield tensor
+    del tensor
+
+
+@pytest.mark.parametrize("form", [None, *INDEX_FORMS])
+def test_memory_allocated(accel, form, xla_device, evidence):
+    args = () if form is None else (INDEX_FORMS[form](0), )
+    before = _bytes(accel, "memory_allocated", *args)
+    tensor = torch.ones(16 * MiB, device=xla_device)  # 64 MiB
+    materialise()
+    after = _bytes(accel, "memory_allocated", *args)
+    evidence.update(before=before, after_64MiB=after)
+    assert after - before >= 32 * MiB, (f"memory_allocated grew by {(after - before) / MiB:.1f} MiB while a 64 MiB "
+                                        "tensor was materialised on the device")
+    del tensor
+
+
+def _check_peak(accel, current_method, peak_method):
+    current = _bytes(accel, current_method)
+    peak = _bytes(accel, peak_method)
+    assert peak >= current, f"{peak_method}() = {peak} is below {current_method}() = {current}: a peak cannot be lower"
+
+
+def _check_reset(accel, current_method, peak_method, reset_method, xla_device):
+    spike = torch.ones(32 * MiB, device=xla_device)  # 128 MiB, then freed
+    materialise()
+    del spike
+    peak_before = _bytes(accel, peak_method)
+    getattr(accel, reset_method)()
+    peak_after = _bytes(accel, peak_method)
+    current = _bytes(accel, current_method)
+    assert peak_after <= peak_before, f"{peak_method} rose from {peak_before} to {peak_after} across {reset_method}()"
+    assert peak_after >= current, f"after {reset_method}(), {peak_method}() = {peak_after} < {current_method}() = {current}"
+
+
+def test_max_memory_allocated(accel, big_tensor):
+    _check_peak(accel, "memory_allocated", "max_memory_allocated")
+
+
+def test_reset_max_memory_allocated(accel, xla_device):
+    _check_reset(accel, "memory_allocated", "max_memory_allocated", "reset_max_memory_allocated", xla_device)
+
+
+def test_memory_cached(accel, big_tensor):
+    _bytes(accel, "memory_cached")
+    _bytes(accel, "memory_cached", 0)
+
+
+def test_max_memory_cached(accel, big_tensor):
+    _check_peak(accel, "memory_cached", "max_memory_cached")
+
+
+def test_reset_max_memory_cached(accel, xla_device):
+    _check_reset(accel, "memory_cached", "max_memory_cached", "reset_max_memory_cached", xla_device)
+
+
+def test_memory_reserved(accel, big_tensor):
+    reserved = _bytes(accel, "memory_reserved")
+    allocated = _bytes(accel, "memory_allocated")
+    assert reserved >= allocated * 0.9, (f"memory_reserved() = {reserved} is well below memory_allocated() = "
+                                         f"{allocated}; reserved memory includes what is allocated")
+
+
+def test_max_memory_reserved(accel, big_tensor):
+    _check_peak(accel, "memory_reserved", "max_memory_reserved")
+
+
+def test_reset_peak_memory_stats(accel, xla_device):
+    _check_reset(accel, "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", xla_device)
+
+
+def test_memory_stats(accel, big_tensor):
+    stats = accel.memory_stats()
+    assert isinstance(stats, dict), f"memory_stats() returned {type(stats).__name__}, expected a dict"
+    bad = {k: v for k, v in stats.items() if not isinstance(v, (int, float))}
+    assert not bad, f"memory_stats() has non-numeric values: {bad}"
+    # ZeRO-3 reads memory_stats().get("num_alloc_retries") after every step.
+    retries = stats.get("num_alloc_retries") or 0
+    assert retries >= 0
+    stats_by_index = accel.memory_stats(0)
+    assert isinstance(stats_by_index, dict), "memory_stats(0) did not return a dict"
+
+
+def test_total_memory(accel):
+    total = _bytes(accel, "total_memory")
+    assert total > 0, "total_memory() is 0"
+    assert _bytes(accel, "total_memory", 0) == total, "total_memory(0) differs from total_memory()"
+
+
+def test_available_memory(accel):
+    available = _bytes(accel, "available_memory")
+    total = _bytes(accel, "total_memory")
+    assert 0 < available <= total, f"available_memory() = {available} is not within (0, total_memory() = {total}]"
+
+
+def test_empty_cache(accel, xla_device):
+    tensor = torch.arange(4, device=xla_device)
+    result = accel.empty_cache()
+    assert result is None, f"empty_cache() returned {result!r}"
+    assert host(tensor).tolist() == [0, 1, 2, 3], "a live tensor lost its data across empty_cache()"
+
+
+def test_memory_allocated__see_memory_usage(accel):
+    """DeepSpeed's see_memory_usage prints every memory figure and resets the peak."""
+    from deepspeed.runtime.utils import see_memory_usage
+    see_memory_usage("conformance", force=True)
