@@ -4,9 +4,10 @@ torch_xla 2.9 lowers `amax`/`amin` called with the default `dim=()` as "reduce o
 dimension" and returns the input unchanged, where PyTorch reduces over every
 dimension. DeepSpeed's overflow check (`has_inf_or_nan`: `isfinite(x.amax())`) then
 gets a tensor instead of a scalar and fails in bf16/fp16 training. The corrected
-kernels reduce one dimension at a time with `max.dim`/`min.dim` (which propagate NaN
-like PyTorch); autograd keeps using PyTorch's own derivative formulas, since these
-kernels sit below the autograd key.
+kernels reduce one dimension at a time with `max.dim`/`min.dim`, and put NaN back
+where the input had one: XLA's max/min drop NaN, PyTorch's propagate it, and the
+overflow check depends on that. Autograd keeps using PyTorch's own derivative formulas,
+since these kernels sit below the autograd key.
 """
 
 import warnings
@@ -22,9 +23,12 @@ def _reduce_all(reduce_dim):
         if x.dim() == 0:
             return x.clone()
         dims = sorted({d % x.dim() for d in dim} if dim else range(x.dim()), reverse=True)
-        out = x
+        out, has_nan = x, x.isnan() if x.is_floating_point() else None
         for d in dims:
             out = reduce_dim(out, d, True)[0]
+            has_nan = has_nan.any(d, keepdim=True) if has_nan is not None else None
+        if has_nan is not None:
+            out = torch.where(has_nan, torch.full_like(out, float("nan")), out)
         if not keepdim:
             out = out.reshape([size for i, size in enumerate(out.shape) if i not in dims])
         return out

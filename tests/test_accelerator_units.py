@@ -1,0 +1,162 @@
+"""Behaviour specific to deepspeed_xla's implementation, on a real PJRT CPU device.
+
+The accelerator interface itself (every DeepSpeed method, for any candidate) is checked
+by the conformance suite; these tests pin down the choices this package makes: how
+DeepSpeed's device indices map to the process's device, how RNG state is encoded,
+which kernels the op-builder rule hands out, and the torch_xla corrections it installs.
+"""
+
+import math
+
+import pytest
+import torch
+import torch_xla
+
+from deepspeed_xla import runtime
+from deepspeed_xla.accelerator import XLA_Accelerator
+from deepspeed_xla.op_builder import NotAvailableOnXlaBuilder, get_builder_class
+from deepspeed_xla.op_builder.torch_native import multi_tensor_adam, multi_tensor_lion
+from deepspeed_xla.rng import seed_to_state, state_to_seed
+
+XLA = torch_xla.device()
+
+
+@pytest.fixture(scope="module")
+def accel():
+    return XLA_Accelerator()
+
+
+@pytest.mark.parametrize("index", [0, "0", "xla:0", torch.device("xla", 0)], ids=repr)
+def test_device_name_accepts_every_index_form(accel, index):
+    assert accel.device_name(index) == "xla:0", f"device_name({index!r}) should name xla:0"
+
+
+def test_local_rank_maps_to_this_process_device(accel, monkeypatch):
+    # A rank started by DeepSpeed's launcher owns one device, which it sees as xla:0.
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert accel.device_name(3) == "xla:0", "local rank 3's own device must be xla:0 in its process"
+    assert accel.device_name("3") == "xla:0", "LOCAL_RANK arrives as a string; it must map the same way"
+    accel.set_device("3")
+    assert accel.current_device() == 0 and accel.current_device_name() == "xla:0"
+
+
+@pytest.mark.parametrize("bad", [-1, "gpu", "xla:x", 1.5, torch.device("cpu"), True], ids=repr)
+def test_bad_device_index_is_a_clear_error(accel, bad):
+    with pytest.raises(ValueError, match="XLA device|device index"):
+        accel.device_name(bad)
+
+
+@pytest.mark.parametrize("env,expected", [({}, 1), ({"DS_XLA_CPU_DEVICES": "4"}, 4),
+                                          ({"LOCAL_WORLD_SIZE": "2", "DS_XLA_CPU_DEVICES": "4"}, 2)],
+                         ids=["default", "configured", "launched"])
+def test_cpu_device_count_rule(monkeypatch, env, expected):
+    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", "DS_XLA_CPU_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert runtime.local_device_count() == expected, f"PJRT CPU device count with {env}"
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**63 + 12345, 2**64 - 1])
+def test_rng_state_encoding_round_trips(seed):
+    state = seed_to_state(seed)
+    assert state.dtype == torch.uint8 and state.numel() == 8
+    assert state_to_seed(state) == seed
+
+
+def test_rng_state_rejects_foreign_state():
+    with pytest.raises(ValueError, match="uint8 tensor of 8 bytes"):
+        state_to_seed(torch.get_rng_state())  # the CPU generator's 5056-byte state
+
+
+def test_manual_seed_reaches_the_xla_generator(accel):
+    accel.manual_seed(1234)
+    first = torch.rand(5, device=XLA).cpu()
+    accel.manual_seed(1234)
+    again = torch.rand(5, device=XLA).cpu()
+    assert torch.equal(first, again), "manual_seed must make XLA draws reproducible (torch.manual_seed alone does not)"
+
+
+def test_tensor_types_build_on_the_xla_device(accel):
+    t = accel.FloatTensor([1.0, 2.0])
+    assert t.device.type == "xla" and t.dtype == torch.float32
+    assert accel.IntTensor(3).shape == (3, ) and accel.IntTensor(3).dtype == torch.int32
+    assert isinstance(t, accel.FloatTensor) and not isinstance(t.cpu(), accel.FloatTensor)
+    assert accel.ByteTensor([1]).dtype == torch.uint8 and accel.BFloat16Tensor([1.0]).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("name", ["FusedAdamBuilder", "FusedLionBuilder"])
+def test_device_optimizer_kernels_are_torch_native(name):
+    builder = get_builder_class(name)()
+    assert builder.is_compatible(), f"{name} must be usable on XLA"
+    kernel = "multi_tensor_adam" if name == "FusedAdamBuilder" else "multi_tensor_lion"
+    assert callable(getattr(builder.load(), kernel, None)), f"{name}().load() lacks the {kernel} kernel"
+
+
+@pytest.mark.parametrize("name", ["CPUAdamBuilder", "AsyncIOBuilder"])
+def test_host_kernels_come_from_deepspeed_cpu_builders(name):
+    from deepspeed.ops.op_builder import cpu
+    assert get_builder_class(name) is getattr(cpu, name), f"{name} must be DeepSpeed's own CPU builder"
+
+
+def test_cuda_only_kernels_are_refused_by_name():
+    builder = get_builder_class("TransformerInferenceBuilder")()
+    assert isinstance(builder, NotAvailableOnXlaBuilder) and not builder.is_compatible()
+    assert builder.NAME == "TransformerInference"
+    with pytest.raises(RuntimeError, match="TransformerInference.*no XLA implementation"):
+        builder.load()
+
+
+def _params(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(17, 5, generator=g, dtype=torch.float32).to(dtype), torch.randn(9, generator=g).to(dtype)]
+
+
+@pytest.mark.parametrize("adam_w_mode,weight_decay", [(1, 0.1), (0, 0.1), (1, 0.0)], ids=["adamw", "adam-l2", "nodecay"])
+def test_multi_tensor_adam_matches_torch_adam(adam_w_mode, weight_decay):
+    reference = [p.clone().requires_grad_() for p in _params(torch.float32)]
+    optimizer_class = torch.optim.AdamW if adam_w_mode else torch.optim.Adam
+    optimizer = optimizer_class(reference, lr=0.01, betas=(0.9, 0.99), eps=1e-8, weight_decay=weight_decay)
+    params = [p.to(XLA) for p in _params(torch.float32)]
+    exp_avg = [torch.zeros_like(p) for p in params]
+    exp_avg_sq = [torch.zeros_like(p) for p in params]
+    for step in range(1, 4):
+        grads = _params(torch.float32, seed=step)
+        for p, g in zip(reference, grads):
+            p.grad = g
+        optimizer.step()
+        multi_tensor_adam(2048, None, [[g.to(XLA) for g in grads], params, exp_avg, exp_avg_sq], 0.01, 0.9, 0.99,
+                          1e-8, step, adam_w_mode, 1, weight_decay)
+    for ours, theirs in zip(params, reference):
+        torch.testing.assert_close(ours.cpu(), theirs.detach(), rtol=1e-6, atol=1e-7)
+
+
+def test_multi_tensor_lion_follows_the_lion_update():
+    start, grad, momentum = torch.tensor([1.0, -2.0, 0.5]), torch.tensor([0.3, 0.2, -0.1]), torch.tensor([0.0, -1.0, 0.1])
+    lr, beta1, beta2, wd = 0.1, 0.9, 0.99, 0.01
+    param, xla_momentum = start.to(XLA), momentum.to(XLA)
+    multi_tensor_lion(2048, None, [[grad.to(XLA)], [param], [xla_momentum]], lr, beta1, beta2, 1, wd)
+    direction = torch.sign(beta1 * momentum + (1 - beta1) * grad)
+    torch.testing.assert_close(param.cpu(), start * (1 - lr * wd) - lr * direction)
+    torch.testing.assert_close(xla_momentum.cpu(), beta2 * momentum + (1 - beta2) * grad)
+
+
+@pytest.mark.parametrize("op", ["amax", "amin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_full_reductions_reduce_every_dimension(accel, op, dtype):
+    x = torch.randn(4, 3, 2).to(dtype)
+    for kwargs in ({}, {"keepdim": True}, {"dim": (0, 2)}, {"dim": -1}):
+        expected = getattr(x, op)(**kwargs)
+        got = getattr(x.to(XLA), op)(**kwargs).cpu()
+        assert got.shape == expected.shape, f"{op}({kwargs}) on XLA has shape {tuple(got.shape)}"
+        torch.testing.assert_close(got, expected)
+
+
+def test_full_reduction_propagates_nan_and_inf(accel):
+    # DeepSpeed's overflow check is isfinite(x.amax()) and isfinite(x.amin()).
+    for bad in (math.nan, math.inf, -math.inf):
+        x = torch.ones(6)
+        x[4] = bad
+        y = x.to(XLA)
+        finite = torch.isfinite(y.amax()).logical_and(torch.isfinite(y.amin())).item()
+        assert not finite, f"an element {bad} was missed by amax/amin on XLA"

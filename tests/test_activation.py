@@ -1,0 +1,108 @@
+"""DS_ACCELERATOR=xla selects XLA_Accelerator in every process that imports DeepSpeed,
+and nothing changes when it is unset or names another accelerator."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPORT = textwrap.dedent("""
+    import json, sys
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    print(json.dumps({
+        "accelerator": type(get_accelerator()).__name__,
+        "torch_xla_imported": "torch_xla" in sys.modules,
+        "deepspeed_xla_imported": "deepspeed_xla" in sys.modules,
+    }))
+""")
+
+
+def run_python(code, accelerator, extra_env=None, script=None):
+    """Run code in a fresh interpreter (from `script` when children must re-import it)."""
+    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
+    if accelerator is not None:
+        env["DS_ACCELERATOR"] = accelerator
+    env.update(extra_env or {})
+    if script is not None:
+        script.write_text(code)
+    command = [sys.executable, str(script)] if script is not None else [sys.executable, "-c", code]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def last_json(proc):
+    assert proc.returncode == 0, f"child exited {proc.returncode}:\n{proc.stderr[-3000:]}"
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_ds_accelerator_xla_selects_xla_accelerator():
+    result = last_json(run_python(REPORT, "xla"))
+    assert result["accelerator"] == "XLA_Accelerator", (
+        f"with DS_ACCELERATOR=xla, `import deepspeed` gave {result['accelerator']}: the start-up hook did not act")
+
+
+@pytest.mark.parametrize("accelerator", [None, "cpu"], ids=["unset", "cpu"])
+def test_other_values_leave_deepspeed_untouched(accelerator):
+    result = last_json(run_python(REPORT, accelerator))
+    assert result["accelerator"] == "CPU_Accelerator", (
+        f"DS_ACCELERATOR={accelerator}: DeepSpeed chose {result['accelerator']}, expected its own CPU_Accelerator")
+    assert not result["torch_xla_imported"], f"DS_ACCELERATOR={accelerator}: torch_xla was imported anyway"
+    assert not result["deepspeed_xla_imported"], f"DS_ACCELERATOR={accelerator}: deepspeed_xla was imported anyway"
+
+
+@pytest.mark.parametrize("start_method", ["spawn", "forkserver"])
+def test_multiprocessing_children_get_xla_accelerator(start_method, tmp_path):
+    code = textwrap.dedent(f"""
+        import json, multiprocessing as mp
+
+        def child(queue):
+            import deepspeed
+            from deepspeed.accelerator import get_accelerator
+            queue.put(type(get_accelerator()).__name__)
+
+        if __name__ == "__main__":
+            ctx = mp.get_context("{start_method}")
+            queue = ctx.Queue()
+            proc = ctx.Process(target=child, args=(queue,))
+            proc.start()
+            name = queue.get(timeout=120)
+            proc.join()
+            print(json.dumps({{"accelerator": name, "exitcode": proc.exitcode}}))
+    """)
+    result = last_json(run_python(code, "xla", script=tmp_path / "parent.py"))
+    assert result == {"accelerator": "XLA_Accelerator", "exitcode": 0}, (
+        f"a {start_method} child of a DS_ACCELERATOR=xla process got {result}")
+
+
+def test_launcher_parent_counts_devices_without_initialising_runtime():
+    # What DeepSpeed's runner does before starting workers: import it, ask device_count().
+    code = textwrap.dedent("""
+        import json
+        import deepspeed.launcher.runner
+        from deepspeed.accelerator import get_accelerator
+        import torch_xla
+        accelerator = get_accelerator()
+        print(json.dumps({"accelerator": type(accelerator).__name__,
+                          "device_count": accelerator.device_count(),
+                          "is_available": accelerator.is_available(),
+                          "runtime_initialized": torch_xla._XLAC._xla_runtime_is_initialized()}))
+    """)
+    result = last_json(run_python(code, "xla", {"DS_XLA_CPU_DEVICES": "4"}))
+    assert result == {"accelerator": "XLA_Accelerator", "device_count": 4, "is_available": True,
+                      "runtime_initialized": False}, f"launcher parent view: {result}"
+
+
+def test_missing_torch_xla_gives_one_line_and_nonzero_exit(tmp_path):
+    # Shadow torch_xla with a package that fails to import, as on a machine without it.
+    shadow = tmp_path / "shadow" / "torch_xla"
+    shadow.mkdir(parents=True)
+    (shadow / "__init__.py").write_text("raise ImportError(\"No module named 'torch_xla'\")\n")
+    proc = run_python("import deepspeed", "xla", {"PYTHONPATH": str(tmp_path / "shadow")})
+    assert proc.returncode != 0, "import deepspeed succeeded with DS_ACCELERATOR=xla and no torch_xla"
+    lines = [line for line in proc.stderr.strip().splitlines() if "Warning" not in line]
+    assert "Traceback" not in proc.stderr, f"expected one line, got a traceback:\n{proc.stderr}"
+    assert len(lines) == 1 and "pip install" in lines[0] and "torch_xla" in lines[0], (
+        f"expected one line saying what to install, got:\n{proc.stderr}")
