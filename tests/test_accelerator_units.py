@@ -85,11 +85,11 @@ def test_tensor_types_build_on_the_xla_device(accel):
     assert accel.ByteTensor([1]).dtype == torch.uint8 and accel.BFloat16Tensor([1.0]).dtype == torch.bfloat16
 
 
-@pytest.mark.parametrize("name", ["FusedAdamBuilder", "FusedLionBuilder"])
+@pytest.mark.parametrize("name", ["FusedAdamBuilder", "FusedLambBuilder", "FusedLionBuilder"])
 def test_device_optimizer_kernels_are_torch_native(name):
     builder = get_builder_class(name)()
     assert builder.is_compatible(), f"{name} must be usable on XLA"
-    kernel = "multi_tensor_adam" if name == "FusedAdamBuilder" else "multi_tensor_lion"
+    kernel = {"FusedAdamBuilder": "multi_tensor_adam", "FusedLambBuilder": "lamb", "FusedLionBuilder": "multi_tensor_lion"}[name]
     assert callable(getattr(builder.load(), kernel, None)), f"{name}().load() lacks the {kernel} kernel"
 
 
@@ -160,3 +160,25 @@ def test_full_reduction_propagates_nan_and_inf(accel):
         y = x.to(XLA)
         finite = torch.isfinite(y.amax()).logical_and(torch.isfinite(y.amin())).item()
         assert not finite, f"an element {bad} was missed by amax/amin on XLA"
+
+
+@pytest.mark.parametrize("eps_mode", [0, 1])
+def test_lamb_matches_deepspeed_kernel_arithmetic(eps_mode):
+    # The CUDA kernel's arithmetic, written out in fp64 on the host.
+    from deepspeed_xla.op_builder.torch_native import lamb
+    p0, g0 = torch.tensor([3.0, 4.0, -1.0], dtype=torch.float64), torch.tensor([0.5, -0.25, 2.0], dtype=torch.float64)
+    m0, v0 = torch.tensor([0.1, 0.0, -0.2], dtype=torch.float64), torch.tensor([0.01, 0.02, 0.0], dtype=torch.float64)
+    lr, b1, b2, eps, scale, step, decay, max_c, min_c = 0.01, 0.9, 0.999, 1e-6, 2.0, 3, 0.01, 10.0, 0.01
+    g = g0 / scale
+    m, v = b1 * m0 + (1 - b1) * g, b2 * v0 + (1 - b2) * g * g
+    update = m / ((v + eps).sqrt() if eps_mode == 0 else v.sqrt() + eps) + decay * p0
+    trust = min(max((p0.norm() / update.norm()).item(), min_c), max_c)
+    step_size = lr * math.sqrt(1 - b2**step) / (1 - b1**step)
+    expected = p0 - step_size * trust * update
+
+    param, exp_avg, exp_avg_sq = (t.float().to(XLA) for t in (p0, m0, v0))
+    ratio = lamb(param, torch.tensor([]), exp_avg, exp_avg_sq, g0.float().to(XLA), lr, b1, b2, max_c, min_c, eps, scale,
+                 step, eps_mode, 1, decay)
+    torch.testing.assert_close(param.cpu().double(), expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(exp_avg.cpu().double(), m, rtol=1e-6, atol=1e-8)
+    assert ratio.shape == (1, ) and ratio.item() == pytest.approx(trust, rel=1e-6)

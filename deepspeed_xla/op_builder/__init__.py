@@ -1,9 +1,9 @@
 """Op builders for XLA: the rule that decides what DeepSpeed gets when it asks for a kernel.
 
 XLA compiles whole graphs from torch ops, so there is nothing to build:
-1. Kernels DeepSpeed's on-device optimizers load (FusedAdam, FusedLion) are
+1. Kernels DeepSpeed's on-device optimizers load (FusedAdam, FusedLamb, FusedLion) are
    torch-native implementations of the same update (`torch_native.py`), traced into the
-   step graph like any other op. Configs naming Adam/AdamW/Lion therefore run on XLA
+   step graph like any other op. Configs naming Adam/AdamW/Lamb/Lion therefore run on XLA
    without compiling anything, and compute what the CUDA kernels compute.
 2. Host-side kernels (CPU Adam/Adagrad/Lion for optimizer offload, async I/O, pinned
    memory) work on host tensors: DeepSpeed's own CPU builders serve them unchanged.
@@ -47,6 +47,12 @@ class FusedLionBuilder(TorchNativeBuilder):
     MODULE = torch_native.fused_lion
 
 
+class FusedLambBuilder(TorchNativeBuilder):
+    BUILD_VAR = "DS_BUILD_FUSED_LAMB"
+    NAME = "fused_lamb"
+    MODULE = torch_native.fused_lamb
+
+
 class NotAvailableOnXlaBuilder(OpBuilder):
     """A CUDA-only kernel: incompatible, and load() names it."""
     BUILD_VAR = "DS_BUILD_NOT_AVAILABLE_ON_XLA"
@@ -69,7 +75,7 @@ class NotAvailableOnXlaBuilder(OpBuilder):
                            "Use a config that does not need it (e.g. a torch optimizer) on XLA devices.")
 
 
-_TORCH_NATIVE = {cls.__name__: cls for cls in (FusedAdamBuilder, FusedLionBuilder)}
+_TORCH_NATIVE = {cls.__name__: cls for cls in (FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder)}
 _HOST_SIDE = ("CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder", "AsyncIOBuilder", "PinMemoryBuilder")
 
 

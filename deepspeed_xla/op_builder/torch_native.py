@@ -5,6 +5,7 @@ DeepSpeed's `multi_tensor_applier`) and the same arithmetic: the update is compu
 fp32 whatever the storage dtype, then written back in place into params and states.
 """
 
+import math
 import types
 
 import torch
@@ -42,5 +43,32 @@ def multi_tensor_lion(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, ste
         exp_avg.copy_(beta2 * m + (1 - beta2) * g)
 
 
+@torch.no_grad()
+def lamb(param, param_copy, exp_avg, exp_avg_sq, grad, lr, beta1, beta2, max_coeff, min_coeff, eps, grad_scale, step,
+         eps_mode, bias_correction, weight_decay):
+    """LAMB for one tensor: an Adam direction (eps under the square root when
+    eps_mode=0, outside when 1) plus decay, scaled by the trust ratio ||p|| / ||update||
+    clamped to [min_coeff, max_coeff] (1 when either norm is zero). Returns the ratio."""
+    if bias_correction:
+        step_size = lr * math.sqrt(1 - beta2**step) / (1 - beta1**step)
+    else:
+        step_size = lr
+    g, p = grad.float() / grad_scale, param.float()
+    m = beta1 * exp_avg.float() + (1 - beta1) * g
+    v = beta2 * exp_avg_sq.float() + (1 - beta2) * g * g
+    denom = (v + eps).sqrt() if eps_mode == 0 else v.sqrt() + eps
+    update = m / denom + weight_decay * p
+    weight_norm, update_norm = p.norm(), update.norm()
+    trust = torch.where((weight_norm != 0) & (update_norm != 0),
+                        (weight_norm / update_norm).clamp(min_coeff, max_coeff), torch.ones_like(weight_norm))
+    param.copy_(p - step_size * trust * update)
+    exp_avg.copy_(m)
+    exp_avg_sq.copy_(v)
+    if param_copy.numel() > 0:
+        param_copy.copy_(param)
+    return trust.reshape(1)
+
+
 fused_adam = types.SimpleNamespace(multi_tensor_adam=multi_tensor_adam)
 fused_lion = types.SimpleNamespace(multi_tensor_lion=multi_tensor_lion)
+fused_lamb = types.SimpleNamespace(lamb=lamb)
