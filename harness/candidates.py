@@ -7,11 +7,13 @@ SPEC is one of
   path/to/file.py:Class   a class defined in a Python file
 
 The orchestrator only parses the spec (usage errors are exit 2). Every process that runs
-checks calls `install_from_env()` before DeepSpeed is used; failures to import or build
+checks calls `install_from_env()` before anything imports DeepSpeed; failures to import or build
 the candidate are CandidateError with a one-line reason, reported as a failed run.
 """
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import importlib.util
 import os
 import re
@@ -20,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPEC_ENV = "HARNESS_CANDIDATE"
+_REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
 DEFAULT_SPEC = "deepspeed_xla"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -145,21 +148,71 @@ def _resolve_xla_name(spec):
     return accelerator
 
 
+class _InstallOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Builds the candidate and hands it to DeepSpeed the moment real_accelerator has executed.
+
+    DeepSpeed calls get_accelerator() while `import deepspeed` runs and binds op builders
+    (deepspeed.ops.op_builder) to the accelerator it gets then: a candidate set after the
+    import would run with CPU kernels behind DeepSpeed's optimizers.
+    """
+
+    def __init__(self, build):
+        self._build = build
+        self._loader = None
+        self.accelerator = None
+        self.error = None
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != _REAL_ACCELERATOR or self._loader is not None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        try:
+            self.accelerator = self._build()
+            module.set_accelerator(self.accelerator)
+        except CandidateError as err:
+            self.error = err
+        except Exception as err:
+            self.error = CandidateError(f"DeepSpeed refused the candidate: {type(err).__name__}: {err}")
+
+
 def install(spec):
-    """Install the candidate as DeepSpeed's accelerator in this process and return it."""
+    """Install the candidate as DeepSpeed's accelerator in this process and return it.
+
+    Must run before anything imports DeepSpeed (see _InstallOnImport).
+    """
     try:
         import torch_xla  # noqa: F401  (must be loaded before DeepSpeed places anything on xla)
     except ImportError as err:
         raise CandidateError(f"torch_xla is not importable: {err}") from None
     if spec.kind in ("deepspeed_xla", "in-tree"):
         return _resolve_xla_name(spec)
-    accelerator = _build(spec)
-    from deepspeed.accelerator import set_accelerator
+    if _REAL_ACCELERATOR in sys.modules:
+        raise CandidateError(f"candidate {spec.text}: DeepSpeed was imported before the candidate could be "
+                             "installed; install it first thing in the process")
+    hook = _InstallOnImport(lambda: _build(spec))
+    sys.meta_path.insert(0, hook)
     try:
-        set_accelerator(accelerator)
+        import deepspeed.accelerator
     except BaseException as err:
-        raise CandidateError(f"candidate {spec.text}: DeepSpeed refused it: {type(err).__name__}: {err}") from None
-    return accelerator
+        raise CandidateError(f"importing DeepSpeed with candidate {spec.text} failed: "
+                             f"{hook.error or f'{type(err).__name__}: {err}'}") from None
+    finally:
+        sys.meta_path.remove(hook)
+    if hook.error is not None:
+        raise hook.error
+    if deepspeed.accelerator.get_accelerator() is not hook.accelerator:
+        raise CandidateError(f"candidate {spec.text}: DeepSpeed replaced it with another accelerator during import")
+    return hook.accelerator
 
 
 def spec_from_env():
