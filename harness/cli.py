@@ -7,7 +7,6 @@ that does owns the chips); this process turns what the child streamed into the r
 """
 
 import argparse
-import fnmatch
 import os
 import signal
 import subprocess
@@ -92,7 +91,7 @@ def _run_child(command, env):
 def _relevant(expected, modules):
     """Expectations for modules this suite runs (others cannot match, and are not 'unmatched')."""
     names = [module.relative_to(REPO).as_posix() for module in modules]
-    return [e for e in expected if any(fnmatch.fnmatchcase(name, e.id.split("::", 1)[0]) for name in names)]
+    return [e for e in expected if any(e.concerns(name) for name in names)]
 
 
 def finish(*, out, run_id, suite, expected, env_fingerprint, child_rc, interrupted):

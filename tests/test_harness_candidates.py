@@ -1,0 +1,131 @@
+"""The harness against real candidates on PJRT CPU: the reference implementation passes the whole
+interface suite with nothing unchecked, and each deliberately broken candidate under
+tests/candidates/ fails on exactly the checks for the method it breaks."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CANDIDATES = REPO / "tests" / "candidates"
+
+# candidate file:class -> the checks that must fail, and nothing else
+BROKEN = {
+    "cpu_rng_state.py:CpuRngState": {
+        "test_interface_rng.py::test_get_rng_state",
+        "test_interface_rng.py::test_set_rng_state[None]",
+        "test_interface_rng.py::test_set_rng_state[int]",
+        "test_interface_rng.py::test_set_rng_state[str]",
+        "test_interface_rng.py::test_set_rng_state[device]",
+        "test_interface_rng.py::test_default_generator[int]",
+        "test_interface_rng.py::test_default_generator[str]",
+        "test_interface_rng.py::test_default_generator[device]",
+        "test_interface_rng.py::test_get_rng_state__deepspeed_rng_tracker",
+        "test_interface_rng.py::test_lazy_call",
+    },
+    "device_count_starts_runtime.py:DeviceCountStartsRuntime": {"test_interface_device.py::test_device_count"},
+    "wrong_on_accelerator.py:WrongOnAccelerator": {"test_interface_device.py::test_on_accelerator"},
+    "synchronize_noop.py:SynchronizeNoop": {
+        f"test_interface_device.py::test_synchronize[{form}]" for form in ("None", "int", "str", "device")
+    },
+    "peak_below_current.py:PeakBelowCurrent": {
+        "test_interface_memory.py::test_max_memory_allocated",
+        "test_interface_memory.py::test_reset_max_memory_allocated",
+        "test_interface_memory.py::test_reset_peak_memory_stats",
+    },
+    "device_name_ignores_index.py:DeviceNameIgnoresIndex": {
+        f"test_interface_device.py::test_device_name[1-{form}]" for form in ("int", "str", "device")
+    },
+    "cpu_tensor_types.py:CpuFloatTensor": {"test_interface_tensors.py::test_FloatTensor"},
+    "l2_adam.py:L2Adam": {
+        "test_interface_op_builders.py::test_create_op_builder",
+        "test_interface_op_builders.py::test_create_op_builder__fused_adam_optimizer",
+    },
+}
+
+
+def run_harness(tmp_path, *args):
+    """(exit status, report.json or None, stderr) of `python -m harness run` in a child process."""
+    out = tmp_path / "run"
+    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
+    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--out", str(out), *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    report_path = out / "report.json"
+    report = json.loads(report_path.read_text()) if report_path.is_file() else None
+    return proc.returncode, report, proc.stderr
+
+
+def failed_ids(report):
+    return {r["id"].removeprefix("conformance/") for r in report["results"] if r["status"] == "failed"}
+
+
+def test_reference_candidate_passes_interface_suite(tmp_path):
+    status, report, stderr = run_harness(tmp_path, "--suite", "interface")
+    assert status == 0, f"deepspeed_xla failed: {failed_ids(report) if report else stderr}"
+    assert report["complete"] and report["summary"]["failed"] == 0 and report["summary"]["passed"] > 0
+    assert report["coverage"]["interface"]["unchecked"] == []
+    assert report["coverage"]["interface"]["total"] >= 65  # abstract methods plus the hooks DeepSpeed defines
+    assert report["environment"]["accelerator_class"] == "deepspeed_xla.accelerator.XLA_Accelerator"
+    assert (tmp_path / "reports" / "latest" / "report.json").is_file()
+
+
+@pytest.mark.parametrize("candidate", sorted(BROKEN))
+def test_broken_candidate_fails_on_its_checks(tmp_path, candidate):
+    status, report, stderr = run_harness(tmp_path, "--suite", "interface", "--candidate", f"{CANDIDATES}/{candidate}")
+    assert report is not None, stderr
+    assert status == 1
+    assert report["complete"], "the run against a broken candidate must still complete"
+    assert failed_ids(report) == BROKEN[candidate]
+    assert report["coverage"]["interface"]["unchecked"] == []
+
+
+def test_candidate_that_fails_to_construct_is_a_failed_run(tmp_path):
+    status, report, _ = run_harness(tmp_path, "--suite", "interface", "--candidate",
+                                    f"{CANDIDATES}/fails_to_construct.py:FailsToConstruct")
+    assert status == 1
+    [result] = report["results"]
+    assert result["id"] == "candidate" and result["status"] == "failed"
+    assert "RuntimeError: no XLA device configured for this candidate" in result["message"]
+    assert "Traceback" not in result["message"]
+
+
+def test_candidate_that_fails_to_import_is_a_failed_run(tmp_path):
+    status, report, _ = run_harness(tmp_path, "--suite", "interface", "--candidate", "no_such_module_xyz:Accel")
+    assert status == 1
+    [result] = report["results"]
+    assert result["message"] == ("cannot import candidate no_such_module_xyz:Accel: ModuleNotFoundError: "
+                                 "No module named 'no_such_module_xyz'")
+
+
+def test_expectations_turn_failures_into_xfails_and_report_stale_entries(tmp_path):
+    expectations = tmp_path / "expected.toml"
+    expectations.write_text("""
+[[expected_failure]]
+id = "conformance/test_interface_device.py::test_synchronize[*]"
+reason = "synchronize is a no-op in this candidate"
+link = "https://example.org/issues/1"
+
+[[expected_failure]]
+id = "conformance/test_interface_device.py::test_on_accelerator"
+reason = "claimed broken, but it passes"
+link = "https://example.org/issues/2"
+
+[[expected_failure]]
+id = "conformance/test_interface_device.py::test_removed_check"
+reason = "a check that no longer exists"
+link = "https://example.org/issues/3"
+""")
+    status, report, _ = run_harness(tmp_path, "--suite", "interface", "--candidate",
+                                    f"{CANDIDATES}/synchronize_noop.py:SynchronizeNoop",
+                                    "--expectations", str(expectations))
+    assert status == 0, "failures that are all expected must not fail the run"
+    assert report["summary"]["xfailed"] == 4 and report["summary"]["failed"] == 0
+    assert report["expectations"]["xpassed"] == ["conformance/test_interface_device.py::test_on_accelerator"]
+    assert [e["id"] for e in report["expectations"]["unmatched"]] == [
+        "conformance/test_interface_device.py::test_removed_check"]
+    markdown = (tmp_path / "run" / "report.md").read_text()
+    assert "Expected failures that passed" in markdown and "test_removed_check" in markdown
