@@ -79,13 +79,17 @@ def _run_child(command, env):
     try:
         return child.wait(), False
     except KeyboardInterrupt:
-        # A terminal Ctrl-C reached the child too; a signal sent to this process alone did not.
-        child.send_signal(signal.SIGINT)
-        try:
-            return child.wait(timeout=60), True
-        except (subprocess.TimeoutExpired, KeyboardInterrupt):
-            child.kill()
-            return child.wait(), True
+        # A terminal Ctrl-C reaches the child too and it stops on its own; a signal sent to
+        # this process alone does not, so it is forwarded if the child keeps running.
+        for forward in (False, True):
+            if forward:
+                child.send_signal(signal.SIGINT)
+            try:
+                return child.wait(timeout=60 if forward else 5), True
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                pass
+        child.kill()
+        return child.wait(), True
 
 
 def _relevant(expected, modules):

@@ -1,5 +1,6 @@
 """report.md: a run's report ready to paste into a pull request."""
 
+import html
 import json
 
 from .report_json import STATUSES
@@ -55,11 +56,12 @@ def render(report):
             continue
         lines += [f"### {title} ({len(selected)})", ""]
         for result in selected:
-            head = f"{_MARK[status]} `{result['id']}`: {_cell(result['message'].splitlines()[0] if result['message'] else status)}"
+            first_line = result["message"].splitlines()[0] if result["message"] else status
+            head = f"{_MARK[status]} <code>{html.escape(result['id'])}</code>: {html.escape(first_line)}"
             if result.get("expectation"):
-                head += f" (expected: {_cell(result['expectation']['reason'])}, {result['expectation']['link']})"
-            body = _evidence_block(result, artifacts)
-            lines.append(_details(head, body) if body else f"- {head}\n")
+                expectation = result["expectation"]
+                head += f" (expected: {html.escape(expectation['reason'])}, {html.escape(expectation['link'])})"
+            lines.append(_details(head, _evidence_block(result, artifacts) or "(no evidence recorded)"))
     unmatched = report["expectations"]["unmatched"]
     if unmatched:
         lines += [f"### Expectations that matched no test ({len(unmatched)})", ""]

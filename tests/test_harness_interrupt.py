@@ -1,0 +1,32 @@
+"""A run interrupted with Ctrl-C still writes its reports, marked incomplete, and fails."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def test_ctrl_c_writes_incomplete_report(tmp_path):
+    out = tmp_path / "run"
+    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
+    # A session of its own stands in for the terminal's foreground process group.
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", "interface",
+                             "--out", str(out)], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    results = out / "parts" / "results.jsonl"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and (not results.is_file() or len(results.read_text().splitlines()) < 20):
+        time.sleep(0.2)
+    os.killpg(proc.pid, signal.SIGINT)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] is False
+    assert report["summary"]["total"] >= 5
+    assert "INCOMPLETE run" in output and "Incomplete run" in (out / "report.md").read_text()
+    assert (tmp_path / "reports" / "latest" / "report.json").is_file()

@@ -1,0 +1,200 @@
+"""Report building from a run's parts, with fake results: outcomes, expectations, report.json,
+junit merging, report.md, loss-curve plots, interrupted runs, reports/latest, fingerprint."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+from junitparser import JUnitXml
+
+from harness import cli, curves, environment, expectations, report_md, run_dir
+from harness.outcomes import result_record, status_of
+
+DEVICE = "conformance/test_interface_device.py"
+
+
+def phase(when, outcome, **extra):
+    return SimpleNamespace(when=when, outcome=outcome, passed=outcome == "passed", failed=outcome == "failed",
+                           skipped=outcome == "skipped", longrepr=extra.pop("longrepr", None), duration=0.5,
+                           user_properties=extra.pop("user_properties", []), longreprtext="", **extra)
+
+
+@pytest.mark.parametrize("phases, status", [
+    ([phase("setup", "passed"), phase("call", "passed"), phase("teardown", "passed")], "passed"),
+    ([phase("setup", "passed"), phase("call", "failed"), phase("teardown", "passed")], "failed"),
+    ([phase("setup", "failed"), phase("teardown", "passed")], "failed"),
+    ([phase("setup", "passed"), phase("call", "passed"), phase("teardown", "failed")], "failed"),
+    ([phase("setup", "skipped", longrepr=("f.py", 1, "Skipped: TPU only")), phase("teardown", "passed")], "skipped"),
+    ([phase("setup", "passed"), phase("call", "skipped", wasxfail="known"), phase("teardown", "passed")], "xfailed"),
+    ([phase("setup", "passed"), phase("call", "passed", wasxfail="known"), phase("teardown", "passed")], "xpassed"),
+])
+def test_status_of(phases, status):
+    assert status_of(phases)[0] == status
+
+
+def test_result_record_carries_area_method_evidence_and_reason():
+    meta = ("harness", {"area": "interface", "method": "synchronize"})
+    record = result_record("x::test_synchronize", [
+        phase("setup", "passed", user_properties=[meta]),
+        phase("call", "failed", user_properties=[meta, ("evidence", {"pending": ["aten::add"]})],
+              longrepr=SimpleNamespace(reprcrash=SimpleNamespace(message="AssertionError: still pending"))),
+        phase("teardown", "passed", user_properties=[meta])])
+    assert record["area"] == "interface" and record["method"] == "synchronize" and record["status"] == "failed"
+    assert record["message"] == "AssertionError: still pending" and record["evidence"] == {"pending": ["aten::add"]}
+    assert record["duration_s"] == 1.5
+    skipped = result_record("x::t", [phase("setup", "skipped", longrepr=("f.py", 1, "Skipped: TPU only"))])
+    assert skipped["message"] == "Skipped: TPU only"
+
+
+def write_parts(out, records, finished=True, methods=("synchronize", "device_name", "on_accelerator")):
+    parts = out / "parts"
+    parts.mkdir(parents=True)
+    (parts / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (parts / "session.json").write_text(json.dumps({"interface_methods": list(methods), "finished": finished,
+                                                    "accelerator_class": "fake.Accel"}))
+
+
+def result(test_id, status, method=None, evidence=None, message=""):
+    return {"event": "result", "id": test_id, "area": "interface", "method": method, "status": status,
+            "message": message, "duration_s": 0.1, "evidence": evidence or {}, "traceback": ""}
+
+
+FINGERPRINT = {"python": "3.11", "backend": "cpu", "device_kind": "PJRT CPU", "device_count": 1,
+               "candidate": "fake", "env": {"PJRT_DEVICE": "CPU"}}
+
+
+def finish(out, expected=(), child_rc=1, interrupted=False):
+    return cli.finish(out=out, run_id="run-1", suite="interface", expected=list(expected),
+                      env_fingerprint=FINGERPRINT, child_rc=child_rc, interrupted=interrupted)
+
+
+def test_report_from_parts(tmp_path):
+    curve = {"reference": [0.9, 0.7, 0.6], "candidate": [0.9, 0.71, 0.62]}
+    write_parts(tmp_path, [
+        {"event": "start", "id": f"{DEVICE}::test_synchronize[None]"},
+        result(f"{DEVICE}::test_synchronize[None]", "failed", "synchronize", message="AssertionError: pending"),
+        result(f"{DEVICE}::test_device_name[0-int]", "passed", "device_name", evidence=curve),
+        result(f"{DEVICE}::test_on_accelerator", "skipped", "on_accelerator", message="Skipped: why"),
+    ])
+    (tmp_path / "parts" / "rank1.xml").write_text(
+        '<testsuite name="zero-rank1" tests="1"><testcase classname="zero" name="test_rank1" time="1"/></testsuite>')
+    report = finish(tmp_path)
+    assert report["schema_version"] == 1 and report["complete"] is True
+    assert report["summary"] == {"passed": 1, "failed": 1, "xfailed": 0, "xpassed": 0, "skipped": 1, "total": 3}
+    # a skipped check does not count as checking its method
+    assert report["coverage"]["interface"] == {"total": 3, "checked": 2, "unchecked": ["on_accelerator"]}
+    assert report["environment"]["accelerator_class"] == "fake.Accel"
+    assert json.loads((tmp_path / "report.json").read_text())["summary"] == report["summary"]
+    assert report["artifacts"] == {f"{DEVICE}::test_device_name[0-int]": "curves/" + next(
+        p.name for p in (tmp_path / "curves").iterdir())}
+
+    junit = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    names = {case.name for suite in junit for case in suite}
+    assert {"test_synchronize[None]", "test_device_name[0-int]", "test_rank1"} <= names
+    assert junit.failures == 1 and junit.tests == 4
+
+    markdown = (tmp_path / "report.md").read_text()
+    assert "## DeepSpeed XLA conformance: FAIL" in markdown
+    assert "| interface | 1 | 1 | 0 | 0 | 1 | 3 |" in markdown
+    assert "<details><summary>❌ <code>conformance/test_interface_device.py::test_synchronize[None]</code>" in markdown
+    assert "Interface coverage: 2/3" in markdown and "`on_accelerator`" in markdown
+    assert "![loss curves](curves/" in markdown and "| env PJRT_DEVICE | `CPU` |" in markdown
+    assert cli.exit_status(report) == 1
+
+
+def test_interrupted_run_reports_incomplete_and_the_check_that_was_running(tmp_path):
+    write_parts(tmp_path, [
+        result(f"{DEVICE}::test_device_name[0-int]", "passed", "device_name"),
+        {"event": "start", "id": f"{DEVICE}::test_synchronize[None]"},
+    ], finished=False)
+    report = finish(tmp_path, child_rc=-2, interrupted=True)
+    assert report["complete"] is False and cli.exit_status(report) == 1
+    dead = next(r for r in report["results"] if r["id"].endswith("test_synchronize[None]"))
+    assert dead["status"] == "failed" and "ended before the check finished" in dead["message"]
+    assert dead["area"] == "interface" and dead["method"] == "synchronize"
+    assert "Incomplete run" in (tmp_path / "report.md").read_text()
+
+
+def test_run_without_any_parts_still_writes_a_report(tmp_path):
+    report = finish(tmp_path, child_rc=-9)
+    assert report["complete"] is False and report["summary"]["total"] == 0
+    assert (tmp_path / "report.md").is_file() and (tmp_path / "junit.xml").is_file()
+
+
+def test_expectations_reclassify_and_report(tmp_path):
+    (tmp_path / "e.toml").write_text(f'''
+[[expected_failure]]
+id = "{DEVICE}::test_synchronize[*]"
+reason = "known"
+link = "https://example.org/1"
+[[expected_failure]]
+id = "{DEVICE}::test_device_name[0-int]"
+reason = "thought broken"
+link = "https://example.org/2"
+[[expected_failure]]
+id = "{DEVICE}::test_gone"
+reason = "stale"
+link = "https://example.org/3"
+''')
+    write_parts(tmp_path, [result(f"{DEVICE}::test_synchronize[None]", "failed", "synchronize"),
+                           result(f"{DEVICE}::test_device_name[0-int]", "passed", "device_name")])
+    report = finish(tmp_path, expected=expectations.load(tmp_path / "e.toml"))
+    statuses = {r["id"].rsplit("::", 1)[1]: r["status"] for r in report["results"]}
+    assert statuses == {"test_synchronize[None]": "xfailed", "test_device_name[0-int]": "xpassed"}
+    assert report["expectations"]["unmatched"] == [{"id": f"{DEVICE}::test_gone", "reason": "stale",
+                                                    "link": "https://example.org/3"}]
+    assert cli.exit_status(report) == 0
+
+
+@pytest.mark.parametrize("text, reason", [
+    ('[[expected_failure]]\nid = "x"\nreason = "r"\n', "lacks link"),
+    ('[[expected_failure]]\nid = "x"\nlink = "l"\nreason = " "\n', "lacks reason"),
+    ('expected_failure = "x"\n', "must be an array of tables"),
+    ("not toml [", "not valid TOML"),
+])
+def test_malformed_expectations(tmp_path, text, reason):
+    path = tmp_path / "e.toml"
+    path.write_text(text)
+    with pytest.raises(expectations.ExpectationsError, match=reason):
+        expectations.load(path)
+
+
+def test_expectation_patterns_take_brackets_literally():
+    entry = expectations.Expectation("m.py::test_x[*]", "r", "l")
+    assert entry.matches("m.py::test_x[int]") and not entry.matches("m.py::test_x_other")
+    assert not expectations.Expectation("m.py::test_x[i]", "r", "l").matches("m.py::test_x[int]")
+    assert entry.concerns("m.py") and not entry.concerns("n.py")
+
+
+def test_curves_plot_png(tmp_path):
+    path = curves.plot({"reference": [1.0, 0.8, 0.7], "candidate": [1.0, 0.81, 0.72]}, tmp_path / "c.png", "t")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not curves.has_curves({"reference": [1.0]}) and not curves.has_curves({"max_abs_error": 0.1})
+
+
+def test_latest_points_at_newest_run(tmp_path, monkeypatch):
+    monkeypatch.setenv(run_dir.REPORTS_ENV, str(tmp_path / "reports"))
+    first, second = (run_dir.prepare(tmp_path / "reports" / name) for name in ("run-a", "run-b"))
+    (second / "report.json").write_text("{}")
+    run_dir.point_latest(first)
+    latest = run_dir.point_latest(second)
+    assert latest.resolve() == second and (latest / "report.json").is_file()
+
+
+def test_fingerprint_is_an_allowlist(monkeypatch):
+    env = {"PJRT_DEVICE": "CPU", "HF_TOKEN": "secret", "AWS_SECRET_ACCESS_KEY": "secret", "HOME": "/root"}
+    fingerprint = environment.fingerprint("cpu", "deepspeed_xla", "PJRT CPU", 1, env)
+    assert fingerprint["env"] == {"PJRT_DEVICE": "CPU"}
+    assert "secret" not in json.dumps(fingerprint)
+    assert fingerprint["torch"] and fingerprint["deepspeed"] and fingerprint["torch_xla"]
+
+
+def test_parse_tpu_info():
+    text = """TPU Chips
+┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━┓
+┃ Chip        ┃ Type        ┃ Devices ┃ PID    ┃
+┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━┩
+│ /dev/accel0 │ TPU v4 chip │ 1       │ None   │
+│ /dev/accel1 │ TPU v4 chip │ 1       │ None   │
+└─────────────┴─────────────┴─────────┴────────┘"""
+    assert environment.parse_tpu_info(text) == (2, "TPU v4 chip")

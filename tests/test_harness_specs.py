@@ -1,0 +1,100 @@
+"""Candidate specs, suites and the interface checklist: pure logic, no device."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import checklist, suites
+from harness.candidates import CandidateSpec, SpecError, parse_spec
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("text, kind, name", [
+    ("deepspeed_xla", "deepspeed_xla", "deepspeed_xla"),
+    ("in-tree", "in-tree", "in-tree"),
+    ("my_pkg.accel:MyAccel", "module", "my_pkg.accel.MyAccel"),
+    ("tests/candidates/synchronize_noop.py:SynchronizeNoop", "file", "synchronize_noop.SynchronizeNoop"),
+])
+def test_parse_spec(text, kind, name):
+    spec = parse_spec(text)
+    assert (spec.kind, spec.name) == (kind, name)
+
+
+def test_file_spec_is_absolute_for_child_processes():
+    spec = parse_spec("tests/candidates/synchronize_noop.py:SynchronizeNoop")
+    assert Path(spec.target).is_absolute() and spec.canonical == f"{spec.target}:SynchronizeNoop"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("", "names no class"),
+    ("deepspeed", "names no class"),
+    (":Accel", "names no module or file before ':'"),
+    ("pkg.mod:", "'' is not a class name"),
+    ("pkg.mod:not-a-name", "'not-a-name' is not a class name"),
+    ("pkg..mod:Accel", "'pkg..mod' is not a module name"),
+    ("some/dir:Accel", "a file candidate must be a .py file"),
+])
+def test_parse_spec_errors_are_one_line(text, reason):
+    with pytest.raises(SpecError) as error:
+        parse_spec(text)
+    assert reason in str(error.value) and "\n" not in str(error.value)
+
+
+def test_child_env_activates_only_deepspeed_xla_at_start_up():
+    base = {"DS_ACCELERATOR": "xla", "PATH": "/bin"}
+    assert parse_spec("deepspeed_xla").child_env(base)["DS_ACCELERATOR"] == "xla"
+    for text in ("in-tree", "pkg.mod:Accel"):
+        env = parse_spec(text).child_env(base)
+        assert "DS_ACCELERATOR" not in env and env["HARNESS_CANDIDATE"] == text and env["PATH"] == "/bin"
+
+
+@pytest.mark.parametrize("argv, reason", [
+    (["run", "--backend", "cpu", "--suite", "nope"], "unknown suite 'nope'"),
+    (["run", "--backend", "gpu"], "invalid choice: 'gpu'"),
+    (["run", "--backend", "cpu", "--candidate", "foo"], "candidate 'foo' names no class"),
+    (["run"], "the following arguments are required: --backend"),
+])
+def test_bad_usage_exits_2_with_one_line(argv, reason):
+    proc = subprocess.run([sys.executable, "-m", "harness", *argv], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and reason in proc.stderr and proc.stdout == ""
+
+
+def test_suites_select_modules_by_area(tmp_path):
+    for name in ("test_interface_device.py", "test_zero_stage3.py", "test_zero.py", "test_zeroish.py", "helpers.py"):
+        (tmp_path / name).write_text("")
+    assert [p.name for p in suites.modules_for("zero", tmp_path)] == ["test_zero.py", "test_zero_stage3.py"]
+    assert [p.name for p in suites.modules_for("all", tmp_path)] == [
+        "test_interface_device.py", "test_zero.py", "test_zero_stage3.py"]
+    with pytest.raises(suites.UnknownSuite, match="known suites: all, checkpoint"):
+        suites.modules_for("zero3", tmp_path)
+
+
+def test_checklist_covers_abstract_methods_and_public_hooks():
+    from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
+    methods = checklist.interface_methods()
+    assert set(DeepSpeedAccelerator.__abstractmethods__) <= set(methods)
+    assert {"pin_memory", "is_pinned", "pin_empty", "is_fp64_supported"} <= set(methods)
+    assert not any(m.startswith("_") for m in methods)
+
+
+@pytest.mark.parametrize("test_name, method", [
+    ("test_memory_allocated", "memory_allocated"),
+    ("test_max_memory_allocated[int]", "max_memory_allocated"),
+    ("test_memory_allocated__grows_with_tensors", "memory_allocated"),
+    ("test_Stream", "Stream"),
+    ("test_stream", "stream"),
+    ("test_nothing_like_a_method", None),
+    ("check_memory_allocated", None),
+])
+def test_method_of(test_name, method):
+    methods = ["memory_allocated", "max_memory_allocated", "Stream", "stream"]
+    assert checklist.method_of(test_name, methods) == method
+
+
+def test_coverage_lists_unchecked_methods():
+    assert checklist.coverage(["a", "b", "c"], {"a", "c", "not-a-method"}) == {
+        "total": 3, "checked": 2, "unchecked": ["b"]}
