@@ -23,6 +23,7 @@ from pathlib import Path
 
 SPEC_ENV = "HARNESS_CANDIDATE"
 _REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
+_DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
 DEFAULT_SPEC = "deepspeed_xla"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
@@ -194,6 +195,9 @@ def install(spec):
         import torch_xla  # noqa: F401  (must be loaded before DeepSpeed places anything on xla)
     except ImportError as err:
         raise CandidateError(f"torch_xla is not importable: {err}") from None
+    if spec.kind == "deepspeed_xla" and os.environ.get("DS_ACCELERATOR") != "xla":
+        # Started without DS_ACCELERATOR=xla (e.g. plain pytest): its start-up hook is not armed.
+        spec = parse_spec(f"{_DEEPSPEED_XLA_CLASS[0]}:{_DEEPSPEED_XLA_CLASS[1]}")
     if spec.kind in ("deepspeed_xla", "in-tree"):
         return _resolve_xla_name(spec)
     if _REAL_ACCELERATOR in sys.modules:
