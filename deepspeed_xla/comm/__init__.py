@@ -1,24 +1,86 @@
 """The torch.distributed backend DeepSpeed uses on XLA devices.
 
-One backend name, two transports: on PJRT CPU a host bridge (each rank owns one PJRT
-CPU device; tensors cross ranks through gloo, because PJRT CPU has no cross-process
-collectives); on TPU and other XLA hardware, the device's own collectives. Both are
-registered with torch.distributed the standard way, so DeepSpeed's
+One backend name, two transports, chosen per process by the XLA device kind:
+
+* PJRT CPU (emulation): the host bridge (bridge.py). Each rank is an OS process
+  owning one PJRT CPU device; tensors cross ranks through gloo on the host, because
+  PJRT CPU has no cross-process collectives.
+* TPU and other XLA hardware: the device's own collectives (native.py), i.e.
+  PyTorch/XLA's `xla` process-group semantics, completed where DeepSpeed needs more
+  (ReduceOp.AVG, a real barrier, allreduce_coalesced, subgroup-correct replica groups).
+
+Both are registered with torch.distributed the standard way, so DeepSpeed's
 `init_distributed` picks them up through `communication_backend_name()` unchanged.
+The device kind comes from `runtime.device_type()`, which reads the environment and
+the PCI bus only: choosing a transport never starts the XLA runtime.
+
+Failures name the rank and the operation (`CollectiveError`). A rank that waits for a
+peer gives up after DS_XLA_COLLECTIVE_TIMEOUT seconds (default: the process group's
+own timeout, DeepSpeed's DEEPSPEED_TIMEOUT minutes), rendezvous included.
 """
+
+import datetime
+import os
 
 import torch.distributed as dist
 
 BACKEND_NAME = "xla_ds"
+TIMEOUT_ENV = "DS_XLA_COLLECTIVE_TIMEOUT"
+TRANSPORT_ENV = "DS_XLA_COMM_TRANSPORT"  # "bridge" or "native": overrides the choice by device kind
+
+BRIDGE = "bridge"
+NATIVE = "native"
 
 
-def _create_process_group(store, rank, size, timeout):
-    from .bridge import HostBridgeProcessGroup
-    return HostBridgeProcessGroup(store, rank, size, timeout)
+class CollectiveError(RuntimeError):
+    """A collective that failed, timed out or is not supported, naming rank and op."""
+
+
+def describe(global_rank, group_ranks, op):
+    where = "" if group_ranks is None else f" in group {list(group_ranks)}"
+    return f"deepspeed_xla[{BACKEND_NAME}] rank {global_rank}{where}: {op}"
+
+
+def transport_for(device_kind, environ=None):
+    """`BRIDGE` on PJRT CPU, `NATIVE` on TPU/GPU, unless DS_XLA_COMM_TRANSPORT says otherwise."""
+    environ = os.environ if environ is None else environ
+    forced = environ.get(TRANSPORT_ENV, "").strip().lower()
+    if forced:
+        if forced not in (BRIDGE, NATIVE):
+            raise ValueError(f"{TRANSPORT_ENV}={forced!r}: expected {BRIDGE!r} or {NATIVE!r}")
+        return forced
+    return BRIDGE if device_kind.upper() == "CPU" else NATIVE
+
+
+def collective_timeout(default, environ=None):
+    """The timeout for rendezvous and each collective: DS_XLA_COLLECTIVE_TIMEOUT seconds, else `default`."""
+    environ = os.environ if environ is None else environ
+    value = environ.get(TIMEOUT_ENV, "").strip()
+    if not value:
+        return default
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} is not a number of seconds") from None
+    if seconds <= 0:
+        raise ValueError(f"{TIMEOUT_ENV}={value!r} must be a positive number of seconds")
+    return datetime.timedelta(seconds=seconds)
+
+
+def _create_process_group(options, backend_options=None):
+    from .. import runtime
+    size = options.group_size
+    global_ranks = list(options.global_ranks_in_group) or list(range(size))
+    timeout = collective_timeout(options.timeout)
+    if transport_for(runtime.device_type()) == BRIDGE:
+        from .bridge import HostBridgeProcessGroup
+        return HostBridgeProcessGroup(options.store, options.group_rank, size, timeout, global_ranks)
+    from .native import XlaNativeProcessGroup
+    return XlaNativeProcessGroup(options.group_rank, size, timeout, global_ranks)
 
 
 def register_backend():
     """Make `BACKEND_NAME` known to torch.distributed (idempotent)."""
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, devices=["xla", "cpu"])
+    dist.Backend.register_backend(BACKEND_NAME, _create_process_group, extended_api=True, devices=["xla", "cpu"])

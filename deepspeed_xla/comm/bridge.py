@@ -2,19 +2,34 @@
 
 PJRT CPU has no cross-process collectives, so each rank (one OS process owning one
 PJRT CPU device) copies its operands to host memory, runs the collective with gloo,
-and writes the result back into the caller's XLA tensors in place. Device-side
-semantics stay real XLA (lazy tensors, graph cuts at the copy, views); only the wire
-is emulated. Every call completes before it returns: the work handle it gives back
-is already done, which satisfies both sync and `async_op=True` callers.
+and writes the result back into the caller's tensors in place. Device-side semantics
+stay real XLA (lazy tensors, the graph cut at each transfer, views); only the wire is
+emulated.
 
-What gloo lacks is built from what it has, with the exact torch.distributed result:
-`ReduceOp.AVG` is a sum divided by the group size, reduce-scatter is an all-reduce
-followed by taking this rank's shard.
+Semantics kept exactly as torch.distributed specifies them:
+* results land in the caller's tensors, including views of larger XLA tensors (the
+  write goes through the view into its base) and outputs that alias the input (ZeRO-3
+  gathers into a flat buffer whose shard is the input): every operand is read to the
+  host before any result is written;
+* every call completes before it returns; the work handle it gives back is already
+  done, which satisfies both sync and `async_op=True` callers (wait(), is_completed(),
+  get_future());
+* subgroups from `new_group` are gloo groups over the same store;
+* what gloo lacks is built from what it has: `ReduceOp.AVG` is a sum divided by the
+  group size, reduce on the root and gather/scatter with XLA tensors go through the
+  symmetric collectives.
+
+Failures: each collective records, in the group's store, the sequence number and the
+name of the last operation every rank entered. When gloo fails or times out
+(DS_XLA_COLLECTIVE_TIMEOUT), the error names this rank, the operation, and where each
+peer is: the rank that never arrived (or died) and what it was doing.
 """
 
 import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
+
+from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, describe
 
 
 def _done(result):
@@ -24,171 +39,318 @@ def _done(result):
 
 
 def _host(tensor):
-    # .cpu() of an XLA tensor cuts the pending graph and transfers; CPU tensors pass
-    # through untouched so gloo can work on them in place.
-    return tensor if tensor.device.type == "cpu" else tensor.detach().cpu()
+    """A contiguous host tensor with the value of `tensor`. CPU tensors that are already
+    contiguous are used as they are, so gloo works on them in place."""
+    if tensor.device.type == "cpu":
+        return tensor if tensor.is_contiguous() else tensor.contiguous()
+    with torch.no_grad():
+        return tensor.cpu().contiguous()
+
+
+def _host_empty(tensor):
+    return torch.empty(tensor.shape, dtype=tensor.dtype)
 
 
 def _write_back(target, host):
-    if target.device.type == "cpu" and target.data_ptr() == host.data_ptr():
+    if host is target:
         return
     with torch.no_grad():
         target.copy_(host.to(target.device))
 
 
+def _reduce_op_name(op):
+    for name in ("SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        if op == getattr(dist.ReduceOp, name):
+            return name
+    return str(op)
+
+
+class _PendingWork(dist.Work):
+    """A point-to-point transfer in flight; `wait()` completes it and lands the result."""
+
+    def __init__(self, group, op, gloo_work, tensors, land=None):
+        super().__init__()
+        self._group, self._op, self._gloo_work = group, op, gloo_work
+        self._tensors, self._land = tensors, land
+        self._done = False
+
+    def wait(self, timeout=None):
+        if not self._done:
+            self._group._wait(self._op, self._gloo_work)
+            if self._land is not None:
+                self._land()
+            self._done = True
+        return True
+
+    def is_completed(self):
+        return self._done
+
+    def is_success(self):
+        return self._done
+
+    def get_future(self):
+        self.wait()
+        future = torch.futures.Future()
+        future.set_result(self._tensors)
+        return future
+
+
 class HostBridgeProcessGroup(ProcessGroup):
 
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, rank, size, timeout, global_ranks=None):
         super().__init__(rank, size)
-        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
         self.timeout = timeout
+        self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        self._store = store
+        self._seq = 0
+        try:
+            # Bounds the rendezvous with the other ranks of this group as well.
+            store.set_timeout(timeout)
+            self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        except RuntimeError as error:
+            raise CollectiveError(
+                f"{self._where('rendezvous')} failed: not every rank of the group connected within "
+                f"{timeout.total_seconds():g}s (set {TIMEOUT_ENV} to change the limit): {error}") from error
 
     def getBackendName(self):
-        return "xla_ds"
+        return BACKEND_NAME
+
+    # -- failure reporting --------------------------------------------------------------
+    def _where(self, op):
+        return describe(self._global_ranks[self.rank()], self._global_ranks, op)
+
+    def _enter(self, op):
+        self._seq += 1
+        try:
+            self._store.set(f"{BACKEND_NAME}/progress/{self.rank()}", f"{self._seq}:{op}")
+        except RuntimeError:
+            pass  # the store went away with its host rank; the collective itself will say so
+
+    def _peers(self):
+        """'rank 1 is at #12 all_reduce' for every peer, as far as the store still knows."""
+        lines = []
+        for group_rank, global_rank in enumerate(self._global_ranks):
+            if group_rank == self.rank():
+                continue
+            key = f"{BACKEND_NAME}/progress/{group_rank}"
+            try:
+                if not self._store.check([key]):
+                    lines.append(f"rank {global_rank} entered no collective of this group")
+                    continue
+                seq, _, op = self._store.get(key).decode().partition(":")
+            except RuntimeError:
+                return "the other ranks' progress is unknown (the store is unreachable: rank " \
+                       f"{self._global_ranks[0]}, which hosts it, may have exited)"
+            state = "waits in the same call" if int(seq) == self._seq else f"is at #{seq} {op}"
+            lines.append(f"rank {global_rank} {state}")
+        return "; ".join(lines)
+
+    def _run(self, op, work_fn):
+        """Run one gloo call (which returns a Work) to completion, naming rank and op on failure."""
+        self._enter(op)
+        self._wait(op, work_fn())
+
+    def _wait(self, op, work):
+        try:
+            work.wait()
+        except RuntimeError as error:
+            raise CollectiveError(f"{self._where(op)} (#{self._seq}) failed: {error}. "
+                                  f"Peers: {self._peers()}.") from error
+
+    def _unsupported(self, op, why):
+        return CollectiveError(f"{self._where(op)} is not supported by the XLA host bridge: {why}")
+
+    # -- coalescing ---------------------------------------------------------------------
+    # torch's _coalescing_manager (DeepSpeed's all_gather_coalesced, ZeRO-3) brackets a
+    # batch of collectives with these. Each collective here completes when called, so
+    # there is nothing to batch: the bracket only has to exist for XLA devices (without
+    # it torch raises after registering the batch, and every later all_reduce of the
+    # group is silently queued instead of run).
+    def _start_coalescing(self, device):
+        return None
+
+    def _end_coalescing(self, device):
+        return _done([])
 
     # -- reductions -------------------------------------------------------------------
-    def _reduce_op(self, op):
+    def _gloo_op(self, op, name):
         if op == dist.ReduceOp.AVG:
             return dist.ReduceOp.SUM, True
         if op == dist.ReduceOp.PREMUL_SUM:
-            raise NotImplementedError(f"rank {self.rank()}: ReduceOp.PREMUL_SUM is not supported by the XLA "
-                                      "host bridge; scale the tensor and use ReduceOp.SUM")
+            raise self._unsupported(f"{name}(op=PREMUL_SUM)", "scale the tensor and use ReduceOp.SUM")
         return op, False
 
-    def _allreduce_host(self, hosts, op):
-        gloo_op, average = self._reduce_op(op)
+    def _allreduce_host(self, hosts, op, name):
+        gloo_op, average = self._gloo_op(op, name)
         opts = AllreduceOptions()
         opts.reduceOp = gloo_op
-        self._gloo.allreduce(hosts, opts).wait()
+        self._run(f"{name}(op={_reduce_op_name(op)})", lambda: self._gloo.allreduce(hosts, opts))
         if average:
             for host in hosts:
-                host.div_(self.size()) if host.is_floating_point() else host.floor_divide_(self.size())
+                if host.is_floating_point() or host.is_complex():
+                    host.div_(self.size())
+                else:
+                    host.floor_divide_(self.size())
 
     def allreduce(self, tensors, opts):
         hosts = [_host(t) for t in tensors]
-        self._allreduce_host(hosts, opts.reduceOp)
+        self._allreduce_host(hosts, opts.reduceOp, "all_reduce")
         for tensor, host in zip(tensors, hosts):
             _write_back(tensor, host)
         return _done(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
+        if len({t.dtype for t in tensors}) > 1:
+            raise self._unsupported("all_reduce_coalesced", "tensors of different dtypes in one call")
         hosts = [_host(t) for t in tensors]
-        flat = torch.cat([h.reshape(-1) for h in hosts])
-        self._allreduce_host([flat], opts.reduceOp)
+        flat = torch.cat([h.reshape(-1) for h in hosts]) if hosts else torch.empty(0)
+        self._allreduce_host([flat], opts.reduceOp, "all_reduce_coalesced")
         offset = 0
         for tensor in tensors:
-            _write_back(tensor, flat[offset:offset + tensor.numel()].view_as(tensor))
+            _write_back(tensor, flat[offset:offset + tensor.numel()].view(tensor.shape))
             offset += tensor.numel()
         return _done(tensors)
 
     def reduce(self, tensors, opts):
         # gloo's reduce has no AVG; an all-reduce gives every rank the value and only
-        # the root keeps it, as torch.distributed.reduce specifies.
-        hosts = [_host(t) for t in tensors]
-        self._allreduce_host(hosts, opts.reduceOp)
+        # the root keeps it: torch.distributed.reduce leaves the others' tensors as they were.
+        hosts = [_host(t).clone() if t.device.type == "cpu" else _host(t) for t in tensors]
+        self._allreduce_host(hosts, opts.reduceOp, f"reduce(root={self._global_ranks[opts.rootRank]})")
         if self.rank() == opts.rootRank:
             for tensor, host in zip(tensors, hosts):
                 _write_back(tensor, host)
         return _done(tensors)
 
-    def _reduce_scatter_into(self, output, inputs, op):
-        flat = torch.cat([_host(t).reshape(-1) for t in inputs])
-        self._allreduce_host([flat], op)
-        shard = flat.numel() // self.size()
-        _write_back(output, flat[self.rank() * shard:(self.rank() + 1) * shard].view_as(output))
+    def _reduce_scatter(self, outputs, inputs_per_output, op, name):
+        # All operands are read before any output is written (outputs may alias inputs).
+        flats = [torch.cat([_host(t).reshape(-1) for t in inputs]) for inputs in inputs_per_output]
+        for output, flat in zip(outputs, flats):
+            if flat.numel() != output.numel() * self.size():
+                raise CollectiveError(f"{self._where(name)}: input has {flat.numel()} elements, expected "
+                                      f"{output.numel()} (output) x {self.size()} (group size)")
+        for output, flat in zip(outputs, flats):
+            self._allreduce_host([flat], op, name)
+            shard = output.numel()
+            _write_back(output, flat[self.rank() * shard:(self.rank() + 1) * shard].view(output.shape))
 
     def reduce_scatter(self, output_tensors, input_tensors_list, opts):
-        for output, inputs in zip(output_tensors, input_tensors_list):
-            self._reduce_scatter_into(output, inputs, opts.reduceOp)
+        self._reduce_scatter(output_tensors, input_tensors_list, opts.reduceOp, "reduce_scatter")
         return _done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts):
-        self._reduce_scatter_into(output, [input], opts.reduceOp)
+        self._reduce_scatter([output], [[input]], opts.reduceOp, "reduce_scatter_tensor")
         return _done([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
-        for output, input in zip(outputs, inputs):
-            self._reduce_scatter_into(output, [input], opts.reduceOp)
+        self._reduce_scatter(outputs, [[t] for t in inputs], opts.reduceOp, "reduce_scatter_tensor_coalesced")
         return _done(outputs)
 
     # -- gathers and broadcasts -------------------------------------------------------
     def broadcast(self, tensors, opts):
         hosts = [_host(t) for t in tensors]
-        self._gloo.broadcast(hosts, opts).wait()
-        for tensor, host in zip(tensors, hosts):
-            _write_back(tensor, host)
+        self._run(f"broadcast(src={self._global_ranks[opts.rootRank]})", lambda: self._gloo.broadcast(hosts, opts))
+        if self.rank() != opts.rootRank:
+            for tensor, host in zip(tensors, hosts):
+                _write_back(tensor, host)
         return _done(tensors)
 
-    def allgather(self, output_tensors_list, input_tensors, opts=None):
-        for outputs, input in zip(output_tensors_list, input_tensors):
-            host_outputs = [torch.empty_like(_host(input)) for _ in outputs]
-            self._gloo.allgather([host_outputs], [_host(input)]).wait()
-            for output, host in zip(outputs, host_outputs):
-                _write_back(output, host)
-        return _done([t for outputs in output_tensors_list for t in outputs])
-
-    def _gather_flat(self, input):
-        host_input = _host(input).contiguous()
+    def _gather_hosts(self, input, name):
+        """Every rank's value of `input`, as host tensors (an all-gather)."""
+        host_input = _host(input)
         host_outputs = [torch.empty_like(host_input) for _ in range(self.size())]
-        self._gloo.allgather([host_outputs], [host_input]).wait()
-        return torch.cat([h.reshape(-1) for h in host_outputs])
+        self._run(name, lambda: self._gloo.allgather([host_outputs], [host_input]))
+        return host_outputs
 
-    def _allgather_base(self, output, input, opts=None):
-        _write_back(output, self._gather_flat(input).view_as(output))
-        return _done([output])
-
-    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
-        for output, input in zip(outputs, inputs):
-            _write_back(output, self._gather_flat(input).view_as(output))
-        return _done(outputs)
+    def allgather(self, output_tensors_list, input_tensors, opts=None):
+        gathered = [self._gather_hosts(input, "all_gather") for input in input_tensors]
+        for outputs, hosts in zip(output_tensors_list, gathered):
+            for output, host in zip(outputs, hosts):
+                _write_back(output, host.view(output.shape))
+        return _done([t for outputs in output_tensors_list for t in outputs])
 
     def allgather_coalesced(self, output_lists, input_tensors, opts=None):
         return self.allgather(output_lists, input_tensors, opts)
 
+    def _gather_into(self, outputs, inputs, name):
+        gathered = [self._gather_hosts(input, name) for input in inputs]
+        for output, input, hosts in zip(outputs, inputs, gathered):
+            flat = torch.cat([h.reshape(-1) for h in hosts])
+            if flat.numel() != output.numel():
+                raise CollectiveError(f"{self._where(name)}: output has {output.numel()} elements, expected "
+                                      f"{input.numel()} (input) x {self.size()} (group size)")
+            _write_back(output, flat.view(output.shape))
+
+    def _allgather_base(self, output, input, opts=None):
+        self._gather_into([output], [input], "all_gather_into_tensor")
+        return _done([output])
+
+    def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
+        self._gather_into(outputs, inputs, "all_gather_into_tensor_coalesced")
+        return _done(outputs)
+
     def gather(self, output_tensors_list, input_tensors, opts):
         # Everyone gathers (gloo's gather needs host buffers on the root only); the
         # root keeps the result.
-        host_outputs = [torch.empty_like(_host(input_tensors[0])) for _ in range(self.size())]
-        self._gloo.allgather([host_outputs], [_host(input_tensors[0])]).wait()
+        hosts = self._gather_hosts(input_tensors[0], f"gather(dst={self._global_ranks[opts.rootRank]})")
         if self.rank() == opts.rootRank:
-            for output, host in zip(output_tensors_list[0], host_outputs):
-                _write_back(output, host)
+            for output, host in zip(output_tensors_list[0], hosts):
+                _write_back(output, host.view(output.shape))
         return _done(output_tensors_list[0] if output_tensors_list else [])
 
     def scatter(self, output_tensors, input_tensors_list, opts):
-        host_output = torch.empty_like(_host(output_tensors[0]))
+        host_output = _host_empty(output_tensors[0])
         host_inputs = [[_host(t) for t in input_tensors_list[0]]] if input_tensors_list else []
-        self._gloo.scatter([host_output], host_inputs, opts).wait()
+        self._run(f"scatter(src={self._global_ranks[opts.rootRank]})",
+                  lambda: self._gloo.scatter([host_output], host_inputs, opts))
         _write_back(output_tensors[0], host_output)
         return _done(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
-        host_output = torch.empty_like(_host(output))
-        self._gloo.alltoall_base(host_output, _host(input).contiguous(), output_split_sizes, input_split_sizes,
-                                 opts).wait()
+        host_output = _host_empty(output)
+        host_input = _host(input)
+        self._run("all_to_all_single", lambda: self._gloo.alltoall_base(host_output, host_input, output_split_sizes,
+                                                                        input_split_sizes, opts))
         _write_back(output, host_output)
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):
-        host_outputs = [torch.empty_like(_host(t)) for t in output_tensors]
-        self._gloo.alltoall(host_outputs, [_host(t) for t in input_tensors], opts).wait()
-        for output, host in zip(output_tensors, host_outputs):
-            _write_back(output, host)
+        # gloo has only the single-tensor form: flatten, exchange with split sizes, unflatten.
+        host_input = torch.cat([_host(t).reshape(-1) for t in input_tensors])
+        host_output = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
+        out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
+        self._run("all_to_all", lambda: self._gloo.alltoall_base(host_output, host_input, out_splits, in_splits, opts))
+        for output, host in zip(output_tensors, torch.split(host_output, out_splits)):
+            _write_back(output, host.view(output.shape))
         return _done(output_tensors)
 
     # -- point to point and synchronisation -------------------------------------------
     def send(self, tensors, dst, tag):
-        self._gloo.send([_host(t).contiguous() for t in tensors], dst, tag).wait()
-        return _done(tensors)
+        # Point to point stays asynchronous (isend/irecv pairs may cross): the host copy
+        # is taken now, the transfer completes when the caller waits.
+        hosts = [_host(t) for t in tensors]
+        op = f"send(dst={self._global_ranks[dst]})"
+        self._enter(op)
+        return _PendingWork(self, op, self._gloo.send(hosts, dst, tag), tensors)
 
     def recv(self, tensors, src, tag):
-        hosts = [torch.empty_like(_host(t)) for t in tensors]
-        self._gloo.recv(hosts, src, tag).wait()
-        for tensor, host in zip(tensors, hosts):
-            _write_back(tensor, host)
-        return _done(tensors)
+        hosts = [_host_empty(t) for t in tensors]
+        op = f"recv(src={self._global_ranks[src]})"
+        self._enter(op)
+
+        def land():
+            for tensor, host in zip(tensors, hosts):
+                _write_back(tensor, host)
+
+        return _PendingWork(self, op, self._gloo.recv(hosts, src, tag), tensors, land)
+
+    def recv_anysource(self, tensors, tag):
+        raise self._unsupported("recv(src=None)", "name the source rank")
 
     def barrier(self, opts):
         # A real barrier, unlike the stock xla process group's no-op.
-        self._gloo.barrier(opts).wait()
+        self._run("barrier", lambda: self._gloo.barrier(opts))
+        return _done([])
+
+    def monitored_barrier(self, opts, wait_all_ranks=False):
+        self._run("monitored_barrier", lambda: self._gloo.barrier(dist.BarrierOptions()))
         return _done([])
