@@ -6,7 +6,6 @@ the right shape and dtype, and the copies must carry the data."""
 import pytest
 import torch
 
-from conformance_helpers import host
 
 pytestmark = pytest.mark.area("interface")
 

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from junitparser import JUnitXml
 
-from harness import cli, curves, environment, expectations, report_md, run_dir
+from harness import cli, curves, environment, expectations, run_dir
 from harness.outcomes import result_record, status_of
 
 DEVICE = "conformance/test_interface_device.py"

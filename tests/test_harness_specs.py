@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness import checklist, suites
-from harness.candidates import CandidateSpec, SpecError, parse_spec
+from harness.candidates import SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
