@@ -10,10 +10,15 @@ __all__ = ["XLA_Accelerator", "activate"]
 
 
 def activate():
-    """Install XLA_Accelerator as DeepSpeed's accelerator in this process, explicitly."""
-    from deepspeed.accelerator import set_accelerator
-    from .accelerator import XLA_Accelerator
-    set_accelerator(XLA_Accelerator())
+    """Install XLA_Accelerator as DeepSpeed's accelerator in this process, explicitly.
+
+    Must run before anything imports DeepSpeed: DeepSpeed binds its op builders to the
+    accelerator it finds during its own import.
+    """
+    from . import _activation
+    _activation.install()
+    import deepspeed.accelerator
+    return deepspeed.accelerator.get_accelerator()
 
 
 def __getattr__(name):

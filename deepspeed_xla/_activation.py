@@ -1,21 +1,50 @@
 """Selects XLA_Accelerator while DeepSpeed is being imported, when DS_ACCELERATOR=xla.
 
-Loaded at interpreter start by `deepspeed_xla.pth` only when DS_ACCELERATOR=xla, so
+`deepspeed_xla.pth` calls `install()` at interpreter start only when DS_ACCELERATOR=xla, so
 every process qualifies: the `deepspeed` launcher parent, the workers it starts, and
 multiprocessing spawn/forkserver children. DeepSpeed calls get_accelerator() during
-its own import and rejects names it does not know, so the accelerator must be in place
-the moment `deepspeed.accelerator.real_accelerator` has executed, before anything else
-in DeepSpeed runs: a meta-path finder wraps that one module's loader.
+its own import, rejects names it does not know, and binds its op builders to the
+accelerator it gets then, so the accelerator must be in place the moment
+`deepspeed.accelerator.real_accelerator` has executed, before anything else in
+DeepSpeed runs: a meta-path hook wraps that one module's loader.
 """
 
 import importlib.abc
 import importlib.machinery
 import sys
 
-_TARGET = "deepspeed.accelerator.real_accelerator"
+REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
 INSTALL_HINT = ("deepspeed_xla: DS_ACCELERATOR=xla needs torch_xla, which is not installed. "
                 "Install it with `pip install deepspeed-xla[tpu]` on a TPU VM, or `pip install torch_xla==2.9.0` "
                 "for PJRT CPU, or unset DS_ACCELERATOR.")
+
+
+class AcceleratorHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Calls `on_loaded(real_accelerator_module)` once, right after DeepSpeed's
+    real_accelerator module has executed and before the rest of DeepSpeed imports.
+
+    Any accelerator (this package's, or a candidate under test) is installed this way.
+    """
+
+    def __init__(self, on_loaded):
+        self._on_loaded = on_loaded
+        self._loader = None
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != REAL_ACCELERATOR or self._loader is not None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self._on_loaded(module)
 
 
 def _install_accelerator(module):
@@ -27,35 +56,16 @@ def _install_accelerator(module):
     module.set_accelerator(XLA_Accelerator())
 
 
-class _Loader(importlib.abc.Loader):
-
-    def __init__(self, loader):
-        self._loader = loader
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        _install_accelerator(module)
-
-
-class _Finder(importlib.abc.MetaPathFinder):
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _TARGET:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _Loader(spec.loader)
-        return spec
+_HOOK = AcceleratorHook(_install_accelerator)
 
 
 def install():
-    if _TARGET in sys.modules:
-        _install_accelerator(sys.modules[_TARGET])
-    elif not any(isinstance(finder, _Finder) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _Finder())
-
-
-install()
+    """Arm the hook for this process (a no-op when already armed)."""
+    from .launch import install_launcher_hooks  # the `deepspeed` runner and TPU workers (launch.py)
+    install_launcher_hooks()
+    if REAL_ACCELERATOR in sys.modules:
+        raise RuntimeError("deepspeed_xla: DeepSpeed was imported before the XLA accelerator could be installed, "
+                           "and its op builders are bound to the accelerator it chose then. Set DS_ACCELERATOR=xla, "
+                           "or call deepspeed_xla.activate() before importing deepspeed.")
+    if _HOOK not in sys.meta_path:
+        sys.meta_path.insert(0, _HOOK)

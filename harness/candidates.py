@@ -12,8 +12,6 @@ the candidate are CandidateError with a one-line reason, reported as a failed ru
 """
 
 import importlib
-import importlib.abc
-import importlib.machinery
 import importlib.util
 import os
 import re
@@ -21,8 +19,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from deepspeed_xla._activation import REAL_ACCELERATOR, AcceleratorHook
+
 SPEC_ENV = "HARNESS_CANDIDATE"
-_REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
 _DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
 DEFAULT_SPEC = "deepspeed_xla"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -149,8 +148,10 @@ def _resolve_xla_name(spec):
     return accelerator
 
 
-class _InstallOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Builds the candidate and hands it to DeepSpeed the moment real_accelerator has executed.
+class _CandidateInstaller:
+    """Builds the candidate when DeepSpeed's real_accelerator module has executed (through
+    deepspeed_xla's AcceleratorHook, the same route DS_ACCELERATOR=xla takes) and keeps any
+    failure for a one-line report.
 
     DeepSpeed calls get_accelerator() while `import deepspeed` runs and binds op builders
     (deepspeed.ops.op_builder) to the accelerator it gets then: a candidate set after the
@@ -159,24 +160,10 @@ class _InstallOnImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def __init__(self, build):
         self._build = build
-        self._loader = None
         self.accelerator = None
         self.error = None
 
-    def find_spec(self, fullname, path, target=None):
-        if fullname != _REAL_ACCELERATOR or self._loader is not None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        self._loader, spec.loader = spec.loader, self
-        return spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
+    def __call__(self, module):
         try:
             self.accelerator = self._build()
             module.set_accelerator(self.accelerator)
@@ -200,23 +187,24 @@ def install(spec):
         spec = parse_spec(f"{_DEEPSPEED_XLA_CLASS[0]}:{_DEEPSPEED_XLA_CLASS[1]}")
     if spec.kind in ("deepspeed_xla", "in-tree"):
         return _resolve_xla_name(spec)
-    if _REAL_ACCELERATOR in sys.modules:
+    if REAL_ACCELERATOR in sys.modules:
         raise CandidateError(f"candidate {spec.text}: DeepSpeed was imported before the candidate could be "
                              "installed; install it first thing in the process")
-    hook = _InstallOnImport(lambda: _build(spec))
+    installer = _CandidateInstaller(lambda: _build(spec))
+    hook = AcceleratorHook(installer)
     sys.meta_path.insert(0, hook)
     try:
         import deepspeed.accelerator
     except BaseException as err:
         raise CandidateError(f"importing DeepSpeed with candidate {spec.text} failed: "
-                             f"{hook.error or f'{type(err).__name__}: {err}'}") from None
+                             f"{installer.error or f'{type(err).__name__}: {err}'}") from None
     finally:
         sys.meta_path.remove(hook)
-    if hook.error is not None:
-        raise hook.error
-    if deepspeed.accelerator.get_accelerator() is not hook.accelerator:
+    if installer.error is not None:
+        raise installer.error
+    if deepspeed.accelerator.get_accelerator() is not installer.accelerator:
         raise CandidateError(f"candidate {spec.text}: DeepSpeed replaced it with another accelerator during import")
-    return hook.accelerator
+    return installer.accelerator
 
 
 def spec_from_env():

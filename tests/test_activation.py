@@ -106,3 +106,23 @@ def test_missing_torch_xla_gives_one_line_and_nonzero_exit(tmp_path):
     assert "Traceback" not in proc.stderr, f"expected one line, got a traceback:\n{proc.stderr}"
     assert len(lines) == 1 and "pip install" in lines[0] and "torch_xla" in lines[0], (
         f"expected one line saying what to install, got:\n{proc.stderr}")
+
+
+def test_activate_installs_before_deepspeed_binds_op_builders():
+    code = textwrap.dedent("""
+        import json
+        import deepspeed_xla
+        accelerator = deepspeed_xla.activate()
+        from deepspeed.ops.op_builder import FusedAdamBuilder
+        print(json.dumps({"accelerator": type(accelerator).__name__, "builder": FusedAdamBuilder.__module__}))
+    """)
+    result = last_json(run_python(code, None))
+    assert result == {"accelerator": "XLA_Accelerator", "builder": "deepspeed_xla.op_builder"}, (
+        f"deepspeed_xla.activate() gave {result}: DeepSpeed's optimizers would not get the XLA kernels")
+
+
+def test_activate_after_deepspeed_import_is_a_clear_error():
+    proc = run_python("import deepspeed, deepspeed_xla\ndeepspeed_xla.activate()", None)
+    assert proc.returncode != 0 and "DeepSpeed was imported before the XLA accelerator" in proc.stderr, (
+        f"activate() after `import deepspeed` must refuse with a reason; got exit {proc.returncode}:\n"
+        f"{proc.stderr[-2000:]}")
