@@ -169,6 +169,8 @@ def install_launcher_hooks() -> None:
     """Called at interpreter start in every DS_ACCELERATOR=xla process (before DeepSpeed
     or the XLA runtime): applies a TPU worker's topology, and arms the runner hook."""
     apply_tpu_worker_env()
+    from . import checkpointing
+    checkpointing.install()  # DeepSpeed checkpoints from XLA hold host tensors
     if RUNNER_MODULE in sys.modules and hasattr(sys.modules[RUNNER_MODULE], "main"):
         wrap_runner_main(sys.modules[RUNNER_MODULE])
     if not any(isinstance(finder, _RunnerHook) for finder in sys.meta_path):

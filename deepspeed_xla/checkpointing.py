@@ -1,0 +1,85 @@
+"""DeepSpeed checkpoints written from XLA devices hold host tensors.
+
+DeepSpeed saves its state dicts with `torch.save` (TorchCheckpointEngine). An XLA tensor
+pickles as "a tensor on device xla:0", which only a process with torch_xla can load, and
+not at all through the callable `map_location` DeepSpeed's loaders pass ("Callable
+map_location not supported with ... _rebuild_device_tensor_from_numpy"). As
+`torch_xla`'s own `xm.save` does, every XLA tensor in the state dict is moved to the host
+before it is written: the checkpoint loads on XLA (DeepSpeed copies host values into the
+device parameters) and on CPU alike, and `zero_to_fp32.py` reads it without torch_xla.
+
+The engine's `save` is wrapped when its module loads (a post-import hook, armed at
+interpreter start together with the launcher hooks); DeepSpeed's files are unchanged.
+"""
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+ENGINE_MODULE = "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine"
+
+
+def to_host(obj):
+    """`obj` with every XLA tensor inside dicts, lists and tuples replaced by its host copy."""
+    import torch
+    if isinstance(obj, torch.Tensor):
+        if obj.device.type == "xla":
+            host = obj.detach().cpu()
+            return host.requires_grad_(obj.requires_grad) if obj.is_leaf and obj.is_floating_point() else host
+        return obj
+    if isinstance(obj, dict):
+        converted = {key: to_host(value) for key, value in obj.items()}
+        try:
+            result = type(obj)()
+            result.update(converted)
+            return result
+        except TypeError:
+            return converted
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # namedtuple
+        return type(obj)(*(to_host(value) for value in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_host(value) for value in obj)
+    return obj
+
+
+def wrap_engine(module):
+    engine = module.TorchCheckpointEngine
+    original = engine.save
+    if getattr(original, "_deepspeed_xla", False):
+        return
+
+    def save(self, state_dict, path):
+        return original(self, to_host(state_dict), path)
+
+    save._deepspeed_xla = True
+    save.__wrapped__ = original
+    engine.save = save
+
+
+class _EngineHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+
+    def __init__(self):
+        self._loader = None
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != ENGINE_MODULE or self._loader is not None:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        wrap_engine(module)
+
+
+def install():
+    if ENGINE_MODULE in sys.modules:
+        wrap_engine(sys.modules[ENGINE_MODULE])
+    elif not any(isinstance(finder, _EngineHook) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _EngineHook())
