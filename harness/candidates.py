@@ -22,6 +22,8 @@ from pathlib import Path
 from deepspeed_xla._activation import REAL_ACCELERATOR, AcceleratorHook
 
 SPEC_ENV = "HARNESS_CANDIDATE"
+_REPO = Path(__file__).resolve().parent.parent
+_CANDIDATE_SITE = Path(__file__).resolve().parent / "candidate_site"
 _DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
 DEFAULT_SPEC = "deepspeed_xla"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -70,6 +72,10 @@ class CandidateSpec:
             env["DS_ACCELERATOR"] = "xla"
         else:
             env.pop("DS_ACCELERATOR", None)
+            # Processes that do not run the harness plugin (training scripts, DeepSpeed's
+            # launcher and workers) install the candidate from sitecustomize at start.
+            path = [str(_CANDIDATE_SITE), str(_REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+            env["PYTHONPATH"] = os.pathsep.join(path)
         return env
 
 
@@ -211,10 +217,16 @@ def spec_from_env():
     return parse_spec(os.environ.get(SPEC_ENV, DEFAULT_SPEC))
 
 
+_installed = {}  # canonical spec -> the accelerator installed in this process
+
+
 def install_from_env():
-    """Install the candidate this process was started for (HARNESS_CANDIDATE)."""
+    """Install the candidate this process was started for (HARNESS_CANDIDATE), once: the
+    sitecustomize start-up hook may already have done it in this process."""
     try:
         spec = spec_from_env()
     except SpecError as err:
         raise CandidateError(str(err)) from None
-    return install(spec)
+    if spec.canonical not in _installed:
+        _installed[spec.canonical] = install(spec)
+    return _installed[spec.canonical]

@@ -120,9 +120,11 @@ def exit_status(report):
 def _summary_line(report):
     s, cov = report["summary"], report["coverage"]["interface"]
     line = (f"{s['passed']} passed, {s['failed']} failed, {s['xfailed']} xfailed, {s['xpassed']} xpassed, "
-            f"{s['skipped']} skipped ({s['total']} total); interface coverage {cov['checked']}/{cov['total']}")
-    if cov["unchecked"]:
-        line += f" (unchecked: {', '.join(cov['unchecked'])})"
+            f"{s['skipped']} skipped ({s['total']} total)")
+    if "interface" in suites.SUITES[report["suite"]]:
+        line += f"; interface coverage {cov['checked']}/{cov['total']}"
+        if cov["unchecked"]:
+            line += f" (unchecked: {', '.join(cov['unchecked'])})"
     if not report["complete"]:
         line += "; INCOMPLETE run"
     return line

@@ -10,11 +10,14 @@ tolerance table in fixtures/tolerances.toml.
 import dataclasses
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+from .candidates import SPEC_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
@@ -38,9 +41,10 @@ def free_port():
         return s.getsockname()[1]
 
 
-def run_training(script, config, accelerator, workdir, *, world_size=1, steps=6, launcher="python",
+def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, launcher="python",
                  extra_args=(), extra_env=None, timeout=600):
-    """Train `script` with DeepSpeed config `config` under DS_ACCELERATOR=`accelerator`.
+    """Train `script` with DeepSpeed config `config` on `candidate` (a CandidateSpec), or on
+    DeepSpeed's CPU accelerator (the reference) when candidate is None.
 
     launcher="python": one rank, started as `python script.py` with RANK/WORLD_SIZE/...
     set (how torchrun-style jobs start a rank). launcher="deepspeed": DeepSpeed's own
@@ -48,11 +52,14 @@ def run_training(script, config, accelerator, workdir, *, world_size=1, steps=6,
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    losses_file = workdir / f"losses-{accelerator}.json"
+    label = "cpu" if candidate is None else "candidate"
+    losses_file = workdir / f"losses-{label}.json"
     losses_file.unlink(missing_ok=True)
     port = free_port()
-    env = dict(os.environ, DS_ACCELERATOR=accelerator, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"),
-               PYTHONUNBUFFERED="1", **(extra_env or {}))
+    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONUNBUFFERED="1",
+               **(extra_env or {}))
+    env.pop(SPEC_ENV, None)
+    env = dict(env, DS_ACCELERATOR="cpu") if candidate is None else candidate.child_env(env)
     args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
             str(losses_file), *extra_args]
     if launcher == "python":
@@ -68,11 +75,13 @@ def run_training(script, config, accelerator, workdir, *, world_size=1, steps=6,
         raise ValueError(f"unknown launcher {launcher!r}: expected 'python' or 'deepspeed'")
     proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
     log = proc.stdout + proc.stderr
-    (workdir / f"train-{accelerator}.log").write_text(log)
+    (workdir / f"train-{label}.log").write_text(log)
     if proc.returncode != 0 or not losses_file.exists():
         tail = "\n".join(log.strip().splitlines()[-25:])
-        raise TrainingFailed(f"{Path(script).name} with {Path(config).name} under DS_ACCELERATOR={accelerator} "
-                             f"exited {proc.returncode}; log tail:\n{tail}")
+        who = "the CPU reference" if candidate is None else f"candidate {candidate.text}"
+        ending = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else
+                  f"exited {proc.returncode}" if proc.returncode else "exited 0 without writing its losses")
+        raise TrainingFailed(f"{Path(script).name} with {Path(config).name} on {who} {ending}; log tail:\n{tail}")
     result = json.loads(losses_file.read_text())
     return TrainingRun(losses=result["losses"], device=result["device"], log=log)
 
