@@ -1,6 +1,7 @@
-"""The ZeRO equivalence suite through the harness: deepspeed_xla matches the CPU reference at
-every stage and precision, and accelerators with a wrong optimizer path are caught by
-their loss curves."""
+"""The training suites through the harness: deepspeed_xla matches the CPU reference at every
+ZeRO stage and precision and stops compiling after warm-up; accelerators with a wrong
+optimizer path are caught by their loss curves, one that recompiles every step by the
+graph suite."""
 
 import pytest
 
@@ -29,3 +30,18 @@ def test_wrong_optimizer_path_fails_zero_suite(tmp_path, candidate, case):
     assert status == 1 and failed_ids(report) == {
         f"test_zero_equivalence.py::test_zero_stage_loss_matches_cpu_reference[{case}]"}, (
             f"{candidate}: exit {status}, failed {sorted(failed_ids(report))}")
+
+
+def test_reference_candidate_passes_graph_suite(tmp_path):
+    status, report, stderr = run_harness(tmp_path, "--suite", "graph")
+    assert report is not None, stderr
+    assert status == 0 and report["summary"]["passed"] == 5, f"deepspeed_xla: failed {sorted(failed_ids(report))}"
+
+
+def test_recompiling_candidate_fails_graph_suite(tmp_path):
+    status, report, stderr = run_harness(tmp_path, "--suite", "graph", "--candidate",
+                                         f"{CANDIDATES}/step_shaped_adam.py:StepShapedAdam", "--", "-k", "zero2")
+    assert report is not None, stderr
+    expected = {f"test_graph_recompilation.py::test_training_step_stops_compiling_after_warmup[{config}]"
+                for config in ("zero2", "zero2_bf16")}
+    assert status == 1 and failed_ids(report) == expected, f"exit {status}, failed {sorted(failed_ids(report))}"
