@@ -1,0 +1,44 @@
+"""Units of the `xla_ds` backend that need no second rank: transport choice, timeouts,
+registration, and what a one-rank world does."""
+
+import datetime
+
+import pytest
+import torch.distributed as dist
+
+from deepspeed_xla import comm
+
+
+@pytest.mark.parametrize("kind,expected", [("CPU", "bridge"), ("cpu", "bridge"), ("TPU", "native"),
+                                           ("GPU", "native"), ("CUDA", "native")])
+def test_transport_follows_device_kind(kind, expected):
+    assert comm.transport_for(kind, {}) == expected
+
+
+def test_transport_can_be_forced():
+    assert comm.transport_for("TPU", {comm.TRANSPORT_ENV: "bridge"}) == "bridge"
+    with pytest.raises(ValueError, match="expected 'bridge' or 'native'"):
+        comm.transport_for("CPU", {comm.TRANSPORT_ENV: "nccl"})
+
+
+def test_transport_choice_does_not_start_the_runtime(monkeypatch):
+    from deepspeed_xla import runtime
+    monkeypatch.setenv("PJRT_DEVICE", "CPU")
+    assert comm.transport_for(runtime.device_type()) == "bridge"
+    assert not runtime.is_initialized()
+
+
+def test_collective_timeout():
+    default = datetime.timedelta(minutes=10)
+    assert comm.collective_timeout(default, {}) == default
+    assert comm.collective_timeout(default, {comm.TIMEOUT_ENV: "2.5"}) == datetime.timedelta(seconds=2.5)
+    for bad in ("soon", "0", "-1"):
+        with pytest.raises(ValueError, match=comm.TIMEOUT_ENV):
+            comm.collective_timeout(default, {comm.TIMEOUT_ENV: bad})
+
+
+def test_registered_with_the_extended_api():
+    comm.register_backend()
+    comm.register_backend()  # idempotent
+    assert comm.BACKEND_NAME in dist.Backend.backend_list
+    assert dist.Backend._plugins[comm.BACKEND_NAME.upper()].extended_api

@@ -1,0 +1,205 @@
+"""The launcher side of multi-rank XLA runs: deepspeed_xla/launch.py and the `deepspeed` command.
+
+Unit tests: the env file DeepSpeed reads only on its multi-node path, the emulated device
+count for --include, the per-worker TPU topology applied from a fake TPU host (no TPU
+needed), and a runner parent that never starts the XLA runtime. End to end (PJRT CPU):
+`deepspeed --include localhost:0,1` with an env file gives each rank its own device and
+launch variables.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from deepspeed_xla import launch, tpu_topology
+from harness.training import FIXTURES
+
+sys.path.insert(0, str(FIXTURES))
+from multirank import launch as run_launcher  # noqa: E402
+
+GOOGLE = "0x1ae0"
+
+
+# -- env files --------------------------------------------------------------------------
+def test_env_file_values_keep_equals_signs_and_skip_comments(tmp_path):
+    path = tmp_path / ".deepspeed_env"
+    path.write_text("A=1\n# a comment\n\nB=x=y\nC=\n")
+    assert launch.parse_env_file(path) == {"A": "1", "B": "x=y", "C": ""}
+
+
+def test_env_file_rejects_a_line_without_equals(tmp_path):
+    path = tmp_path / ".deepspeed_env"
+    path.write_text("A=1\nnot a setting\n")
+    with pytest.raises(ValueError, match=r"\.deepspeed_env:2: expected KEY=VALUE"):
+        launch.parse_env_file(path)
+
+
+def test_env_files_home_then_working_dir_and_ds_env_file(tmp_path):
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    (home / "run.env").write_text("FROM_HOME=h\nBOTH=home\n")
+    (cwd / "run.env").write_text("BOTH=cwd\n")
+    (cwd / ".deepspeed_env").write_text("IGNORED=1\n")
+    environ = {"DS_ENV_FILE": "run.env", "BOTH": "inherited"}
+    applied = launch.apply_env_files(environ, cwd=str(cwd), home=str(home))
+    assert applied == {"FROM_HOME": "h", "BOTH": "cwd"}
+    assert environ["BOTH"] == "cwd" and "IGNORED" not in environ
+
+
+def test_no_env_file_changes_nothing(tmp_path):
+    environ = {"X": "1"}
+    assert launch.apply_env_files(environ, cwd=str(tmp_path), home=str(tmp_path)) == {}
+    assert environ == {"X": "1"}
+
+
+# -- --include on emulated devices -------------------------------------------------------
+@pytest.mark.parametrize("include,exclude,needed", [
+    ("", "", 0),
+    ("localhost:0,1", "", 2),
+    ("localhost:3", "", 4),
+    ("localhost", "", 0),
+    ("worker-0:0,1@worker-1:0,2", "", 3),
+    ("", "localhost:1", 2),
+])
+def test_slots_needed(include, exclude, needed):
+    assert launch.slots_needed(include, exclude) == needed
+
+
+def test_slots_needed_rejects_non_numbers():
+    with pytest.raises(ValueError, match="not a device slot"):
+        launch.slots_needed("localhost:a")
+
+
+# -- per-worker TPU topology --------------------------------------------------------------
+V4_8 = tpu_topology.TpuTopology(accelerator_type="v4-8", host_bounds=(1, 1, 1), chips_per_host_bounds=(2, 2, 1),
+                                worker_id=0, worker_ips=("10.0.0.2", ))
+
+
+def launcher_worker_env(local_rank, local_size="4"):
+    # What deepspeed.launcher.launch gives every local rank of a 4-chip host.
+    return {"LOCAL_RANK": str(local_rank), "LOCAL_SIZE": local_size, "RANK": str(local_rank), "WORLD_SIZE": "4",
+            "TPU_VISIBLE_CHIPS": "0,1,2,3"}
+
+
+@pytest.mark.parametrize("local_rank", range(4))
+def test_tpu_worker_gets_spawn_topology(local_rank):
+    environ = launcher_worker_env(local_rank)
+    applied = launch.apply_tpu_worker_env(environ, topology=V4_8)
+    expected = tpu_topology.worker_env(V4_8, local_rank, 4)
+    assert applied == expected
+    assert environ["TPU_VISIBLE_CHIPS"] == str(local_rank), "the launcher's 0,1,2,3 must be overridden"
+    assert environ["PJRT_LOCAL_PROCESS_RANK"] == str(local_rank)
+    assert environ["TPU_PROCESS_PORT"] == str(8476 + local_rank)
+    assert all(environ[key] == value for key, value in expected.items())
+
+
+def test_tpu_worker_env_detected_from_fake_host(tmp_path):
+    # A fake PCI bus with 4 v4 chips and GKE-style topology variables: the real detection path.
+    bus = tmp_path / "bus"
+    bus.mkdir()
+    for slot in range(4):
+        device = tmp_path / "devices" / f"0000:00:{slot + 4:02x}.0"
+        device.mkdir(parents=True)
+        (device / "vendor").write_text(GOOGLE + "\n")
+        (device / "device").write_text("0x005e\n")
+        (bus / device.name).symlink_to(device)
+    environ = dict(launcher_worker_env(2), TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v4-8",
+                   TPU_HOST_BOUNDS="1,1,1", TPU_CHIPS_PER_HOST_BOUNDS="2,2,1", TPU_WORKER_ID="0")
+    applied = launch.apply_tpu_worker_env(environ, sysfs_root=str(bus))
+    assert applied["TPU_VISIBLE_CHIPS"] == "2" and environ["TPU_VISIBLE_CHIPS"] == "2"
+    assert environ["CLOUD_TPU_TASK_ID"] == "2"
+    # A child of this worker inherits the env and must not redo it.
+    assert launch.apply_tpu_worker_env(environ, sysfs_root=str(bus)) is None
+
+
+@pytest.mark.parametrize("environ", [
+    {"TPU_VISIBLE_CHIPS": "0,1,2,3"},  # not a launcher worker
+    dict(launcher_worker_env(1), PJRT_DEVICE="CPU"),  # emulation
+])
+def test_tpu_worker_env_leaves_other_processes_alone(environ):
+    before = dict(environ)
+    assert launch.apply_tpu_worker_env(environ, topology=V4_8) is None
+    assert environ == before
+
+
+def test_tpu_worker_env_without_chips_is_a_no_op(tmp_path):
+    environ = launcher_worker_env(0)
+    assert launch.apply_tpu_worker_env(environ, sysfs_root=str(tmp_path)) is None
+
+
+def test_tpu_worker_env_names_a_bad_process_count():
+    with pytest.raises(RuntimeError, match=r"LOCAL_RANK=0 of 2 local processes.*--num_gpus 4"):
+        launch.apply_tpu_worker_env(launcher_worker_env(0, local_size="2"), topology=V4_8)
+
+
+# -- the runner parent --------------------------------------------------------------------
+PARENT = textwrap.dedent("""
+    import json, os, subprocess, sys
+    import deepspeed.launcher.runner as runner
+    seen = {}
+
+    class FakePopen:
+        returncode = 0
+        def __init__(self, cmd, env=None, **kwargs):
+            seen["cmd"], seen["env"] = cmd, env
+        def wait(self):
+            return 0
+
+    subprocess.Popen = FakePopen
+    runner.main(sys.argv[1:])
+    import torch_xla
+    from deepspeed.accelerator import get_accelerator
+    print(json.dumps({
+        "runtime_initialized": torch_xla._XLAC._xla_runtime_is_initialized(),
+        "accelerator": get_accelerator().device_name(),
+        "cpu_devices": seen["env"].get("DS_XLA_CPU_DEVICES"),
+        "from_env_file": seen["env"].get("FROM_ENV_FILE"),
+        "cmd": seen["cmd"],
+    }))
+""")
+
+
+@pytest.mark.parametrize("resources,world", [(["--num_gpus", "2"], [0, 1]), (["--include", "localhost:0,1"], [0, 1]),
+                                             (["--include", "localhost:1,3"], [1, 3])])
+def test_runner_parent_never_starts_the_xla_runtime(resources, world, tmp_path):
+    (tmp_path / ".deepspeed_env").write_text("FROM_ENV_FILE=yes\n")
+    env = dict(os.environ, DS_ACCELERATOR="xla", PJRT_DEVICE="CPU", HOME=str(tmp_path / "nohome"))
+    env.pop("DS_XLA_CPU_DEVICES", None)
+    proc = subprocess.run([sys.executable, "-c", PARENT, *resources, "script.py"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["accelerator"] == "xla"
+    assert report["runtime_initialized"] is False, "the launcher parent initialised the XLA runtime"
+    assert report["from_env_file"] == "yes", ".deepspeed_env was not applied on a single node"
+    world_info = next(arg for arg in report["cmd"] if arg.startswith("--world_info="))
+    import base64
+    assert json.loads(base64.urlsafe_b64decode(world_info.split("=", 1)[1])) == {"localhost": world}
+
+
+@pytest.mark.slow
+def test_include_and_env_file_end_to_end(tmp_path):
+    # The `deepspeed` console script, --include, DS_ENV_FILE from home and working dir.
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "xla.env").write_text("DS_XLA_FROM_HOME=home\nDS_XLA_SHARED=home\n")
+    (tmp_path / "xla.env").write_text("DS_XLA_SHARED=cwd=yes\n")
+    out = tmp_path / "out"
+    console = Path(sys.executable).parent / "deepspeed"
+    run = run_launcher([FIXTURES / "probe_env.py", "--out", out, "--vars", "DS_XLA_FROM_HOME,DS_XLA_SHARED"], "xla",
+                       tmp_path, include="localhost:0,1", env={"HOME": str(home), "DS_ENV_FILE": "xla.env"},
+                       runner=(str(console), ), timeout=300)
+    assert run.returncode == 0, run.log[-3000:]
+    for rank in range(2):
+        report = json.loads((out / f"rank{rank}.json").read_text())
+        env = report["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["WORLD_SIZE"], env["LOCAL_SIZE"]) == (str(rank), str(rank), "2",
+                                                                                          "2")
+        assert report["device"] == "xla:0" and report["backend"] == "xla_ds"
+        assert report["all_reduce"] == 2.0
+        assert env["DS_XLA_FROM_HOME"] == "home" and env["DS_XLA_SHARED"] == "cwd=yes"

@@ -1,0 +1,58 @@
+"""Bad input gives a clear error naming the rank and the operation, in bounded time.
+
+fixtures/faulty.py makes rank 1 of 2 misbehave after one good all_reduce; the run must
+end (DS_XLA_COLLECTIVE_TIMEOUT=10 bounds every collective) with a non-zero exit, an error
+that names rank and operation, and no process left behind.
+"""
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from harness.training import FIXTURES
+
+sys.path.insert(0, str(FIXTURES))
+from multirank import free_port, launch  # noqa: E402
+
+SCRIPT = FIXTURES / "faulty.py"
+TIMEOUT_ENV = {"DS_XLA_COLLECTIVE_TIMEOUT": "10"}
+
+
+def no_survivors(tag):
+    left = [p for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,expected", [
+    # rank 1 stops taking part: rank 0 times out and says where rank 1 is
+    ("hang", ["rank 0 in group [0, 1]: all_reduce(op=SUM) (#2) failed", "Timed out",
+              "rank 1 is at #1 all_reduce(op=SUM)"]),
+    # rank 1 exits: rank 0's collective fails at once, the launcher reports the exit
+    ("die", ["rank 0 in group [0, 1]: all_reduce(op=SUM) (#2) failed", "rank 1 is at #1 all_reduce(op=SUM)"]),
+    # an operation the backend cannot do: refused by name on the rank that asked
+    ("unsupported", ["rank 1 in group [0, 1]: recv(src=None) is not supported by the XLA host bridge"]),
+])
+def test_misbehaving_rank_fails_fast_and_clearly(mode, expected, tmp_path):
+    run = launch([SCRIPT, "--mode", mode], "xla", tmp_path, num_gpus=2, env=TIMEOUT_ENV, timeout=240)
+    assert not run.timed_out, f"{mode}: the run hung:\n{run.log[-3000:]}"
+    assert run.returncode != 0, f"{mode}: the run exited 0:\n{run.log[-3000:]}"
+    assert run.seconds < 120, f"{mode}: took {run.seconds:.0f}s"
+    for text in expected:
+        assert text in run.log, f"{mode}: {text!r} missing from the log:\n{run.log[-4000:]}"
+    no_survivors(str(SCRIPT))
+
+
+@pytest.mark.slow
+def test_missing_peer_at_startup_ends_in_bounded_time(tmp_path):
+    # Rank 0 of 2 started alone: the rendezvous gives up after DEEPSPEED_TIMEOUT (minutes).
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), DS_ACCELERATOR="xla", PJRT_DEVICE="CPU", DEEPSPEED_TIMEOUT="1",
+               **TIMEOUT_ENV)
+    proc = subprocess.run([sys.executable, str(FIXTURES / "probe_env.py"), "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=200)
+    assert proc.returncode != 0
+    assert "1/2 clients joined" in proc.stderr, proc.stderr[-3000:]
