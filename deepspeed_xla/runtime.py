@@ -124,3 +124,41 @@ def metrics_report():
 def now():
     """Host timestamp (seconds) for event timing after a device sync."""
     return time.perf_counter()
+
+
+# -- Collectives of the native transport (comm/native.py) ----------------------------
+# Each traces an XLA collective into the pending graph of the participating processes;
+# `groups` are replica groups of global ranks covering the whole world.
+REDUCE_KINDS = {"SUM": xm.REDUCE_SUM, "PRODUCT": xm.REDUCE_MUL, "MIN": xm.REDUCE_MIN, "MAX": xm.REDUCE_MAX,
+                "BAND": xm.REDUCE_AND, "BOR": xm.REDUCE_OR}
+
+
+def all_reduce(kind, tensor, groups, scale=1.0):
+    """The reduction of `tensor` over its replica group, as a new tensor (kind: REDUCE_KINDS key)."""
+    return xm.all_reduce(REDUCE_KINDS[kind], tensor, scale=scale, groups=groups, pin_layout=False)
+
+
+def all_gather(tensor, groups):
+    """The group members' `tensor`s concatenated along dim 0, in group order."""
+    return xm.all_gather(tensor, dim=0, groups=groups, pin_layout=False)
+
+
+def reduce_scatter(kind, tensor, shard_count, groups, scale=1.0):
+    """This rank's dim-0 shard of the reduction of `tensor` over its replica group."""
+    return xm.reduce_scatter(REDUCE_KINDS[kind], tensor, scale=scale, scatter_dim=0, shard_count=shard_count,
+                             groups=groups, pin_layout=False)
+
+
+def all_to_all(tensor, split_count, groups):
+    """Dim-0 chunk j of `tensor` to group member j; the received chunks concatenated in order."""
+    return xm.all_to_all(tensor, 0, 0, split_count, groups=groups, pin_layout=False)
+
+
+def collective_permute(tensor, pairs):
+    """`tensor` moved along (source, target) global-rank pairs; both ends must trace it."""
+    return xm.collective_permute(tensor, pairs=pairs)
+
+
+def traced_hlo(tensors):
+    """The HLO module that computes `tensors` (what the lowering checks inspect)."""
+    return torch_xla._XLAC._get_xla_tensors_hlo(list(tensors))
