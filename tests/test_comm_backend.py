@@ -42,3 +42,22 @@ def test_registered_with_the_extended_api():
     comm.register_backend()  # idempotent
     assert comm.BACKEND_NAME in dist.Backend.backend_list
     assert dist.Backend._plugins[comm.BACKEND_NAME.upper()].extended_api
+
+
+class _Options:
+    group_size = 2
+    group_rank = 1
+    global_ranks_in_group = [1, 3]
+    timeout = datetime.timedelta(seconds=30)
+    store = None
+
+
+def test_process_group_on_tpu_is_native_with_global_ranks(monkeypatch):
+    from deepspeed_xla import runtime
+    from deepspeed_xla.comm.native import XlaNativeProcessGroup
+    monkeypatch.setattr(runtime, "device_type", lambda: "TPU")
+    monkeypatch.setenv(comm.TIMEOUT_ENV, "7")
+    group = comm._create_process_group(_Options())
+    assert isinstance(group, XlaNativeProcessGroup)
+    assert group._global_ranks == [1, 3] and group.rank() == 1 and group.size() == 2
+    assert group.timeout == datetime.timedelta(seconds=7)
