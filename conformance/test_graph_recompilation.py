@@ -30,16 +30,20 @@ def _compilations():
 
 @pytest.fixture(scope="module")
 def train_fixture():
-    """fixtures/train.py as a module (its model and data), and a one-rank process group."""
+    """fixtures/train.py as a module (its model and data), and a one-rank process group that
+    is taken down afterwards (other checks in this process expect none)."""
     import deepspeed
-    for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", "1"),
-                        ("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port()))):
-        os.environ.setdefault(name, value)
+    saved = dict(os.environ)
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(free_port()))
     deepspeed.init_distributed()
     spec = importlib.util.spec_from_file_location("train_fixture", FIXTURES / "train.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    yield module
+    deepspeed.comm.destroy_process_group()
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -180,19 +180,21 @@ class XLA_Accelerator(DeepSpeedAccelerator):
     # allocator statistics and its buffers live in host memory, so the figures are this
     # process's resident set and the host's memory, as DeepSpeed's CPU accelerator does.
     def _usage(self, device_index=None):
-        """(bytes in use, device peak or None, bytes limit)"""
+        """(bytes in use, device peak or None, bytes limit); every reading raises the tracked
+        peak, so a peak read afterwards is never below a usage already reported."""
         info = runtime.memory_info(runtime.torch_device(self._ordinal(device_index)))
         if info is not None:
-            return info["bytes_used"], info.get("peak_bytes_used"), info["bytes_limit"]
-        import psutil
-        return psutil.Process().memory_info().rss, None, psutil.virtual_memory().total
+            used, device_peak, limit = info["bytes_used"], info.get("peak_bytes_used"), info["bytes_limit"]
+        else:
+            import psutil
+            used, device_peak, limit = psutil.Process().memory_info().rss, None, psutil.virtual_memory().total
+        self._peak_bytes = max(self._peak_bytes, used)
+        return used, device_peak, limit
 
     def _peak(self, device_index=None):
-        used, device_peak, _ = self._usage(device_index)
-        observed = [self._peak_bytes, used]
+        _, device_peak, _ = self._usage(device_index)
         if device_peak is not None and not self._peak_was_reset:
-            observed.append(device_peak)  # the allocator's peak counts from process start
-        self._peak_bytes = max(observed)
+            self._peak_bytes = max(self._peak_bytes, device_peak)  # the allocator's peak counts from process start
         return self._peak_bytes
 
     def _reset_peak(self, device_index=None):
