@@ -1,12 +1,11 @@
 """ZeRO stages 0-3 train on the candidate exactly as on DeepSpeed's CPU accelerator.
 
 fixtures/train.py (a plain DeepSpeed script) runs once on the CPU accelerator and once on
-the candidate, started as a user starts it; every step's loss must agree within
-fixtures/tolerances.toml. A loss that merely goes down proves nothing: an accelerator
-whose fused optimizer kernel computes garbage still drifts downward.
+the candidate, started as a user starts it: one rank as `python train.py`, more ranks
+through DeepSpeed's own launcher (`deepspeed --num_gpus N`). Every step's loss must
+agree within fixtures/tolerances.toml. A loss that merely goes down proves nothing: an
+accelerator whose fused optimizer kernel computes garbage still drifts downward.
 """
-
-import functools
 
 import pytest
 
@@ -16,31 +15,37 @@ from harness.training import FIXTURES, compare_losses, describe_mismatch, run_tr
 pytestmark = pytest.mark.area("zero")
 
 SCRIPT = FIXTURES / "train.py"
-CASES = [(stage, precision) for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16")]
+STEPS = 4
 
 
-def config_for(stage, precision):
-    return FIXTURES / "configs" / f"zero{stage}{'_bf16' if precision == 'bf16' else ''}.json"
+def _case(stage, precision, ranks, config=None, extra_args=()):
+    config = config or f"zero{stage}{'_bf16' if precision == 'bf16' else ''}"
+    suffix = "-accum2-activation-checkpointing" if extra_args else ""
+    return pytest.param(config, precision, ranks, tuple(extra_args), id=f"zero{stage}-{precision}-{ranks}rank{suffix}")
 
 
-@functools.cache
-def _reference(config, workdir):
-    return run_training(SCRIPT, config, None, workdir)
+CASES = [
+    *(_case(stage, precision, ranks) for ranks in (1, 2) for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16")),
+    *(_case(stage, "fp32", 4) for stage in (2, 3)),
+    # two micro-batches per step, hidden layers recomputed in backward (deepspeed.checkpointing)
+    _case(2, "fp32", 2, config="zero2_accum", extra_args=["--activation-checkpointing"]),
+]
+
+_references = {}
 
 
-@pytest.fixture(scope="session")
-def reference_losses(tmp_path_factory):
-    """CPU-accelerator losses per config, computed once per run."""
-    root = tmp_path_factory.mktemp("zero-reference")
-    return lambda config: _reference(config, root / config.stem).losses
+def train(config, ranks, extra_args, candidate, workdir):
+    return run_training(SCRIPT, FIXTURES / "configs" / f"{config}.json", candidate, workdir, world_size=ranks,
+                        steps=STEPS, launcher="python" if ranks == 1 else "deepspeed", extra_args=extra_args)
 
 
-@pytest.mark.parametrize("stage,precision", CASES, ids=[f"zero{s}-{p}" for s, p in CASES])
-def test_zero_stage_loss_matches_cpu_reference(stage, precision, reference_losses, evidence, tmp_path):
-    config = config_for(stage, precision)
-    reference = reference_losses(config)
-    candidate = run_training(SCRIPT, config, spec_from_env(), tmp_path)
-    comparison = compare_losses(reference, candidate.losses, precision)
-    evidence.update(comparison, config=config.name, world_size=1, device=candidate.device)
+@pytest.mark.parametrize("config,precision,ranks,extra_args", CASES)
+def test_zero_stage_loss_matches_cpu_reference(config, precision, ranks, extra_args, evidence, tmp_path):
+    key = (config, ranks, extra_args)
+    if key not in _references:  # computed once per run, in the same run
+        _references[key] = train(config, ranks, extra_args, None, tmp_path / "reference").losses
+    candidate = train(config, ranks, extra_args, spec_from_env(), tmp_path / "candidate")
+    comparison = compare_losses(_references[key], candidate.losses, precision)
+    evidence.update(comparison, config=config, ranks=ranks, device=candidate.device)
     assert candidate.device.startswith("xla"), f"the candidate trained on {candidate.device}, not on an XLA device"
-    assert comparison["ok"], describe_mismatch(comparison, f"ZeRO-{stage} {precision}")
+    assert comparison["ok"], describe_mismatch(comparison, f"{config} on {ranks} rank(s)")

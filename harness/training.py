@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 
@@ -22,6 +23,9 @@ from .candidates import SPEC_ENV
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
 TOLERANCES = FIXTURES / "tolerances.toml"
+
+
+DEEPSPEED_RUNNER = ("-m", "deepspeed.launcher.runner")
 
 
 class TrainingFailed(RuntimeError):
@@ -35,10 +39,54 @@ class TrainingRun:
     log: str
 
 
+@dataclasses.dataclass
+class Launch:
+    returncode: int
+    log: str
+    seconds: float
+    timed_out: bool = False
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_in_session(cmd, env, workdir, log_path, timeout):
+    """Run `cmd` in its own session and, whatever happens (exit, failure, timeout), kill the
+    whole session before returning, so no rank a launcher started outlives the run."""
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+    return Launch(proc.returncode, Path(log_path).read_text(), time.monotonic() - start, timed_out)
+
+
+def launch(script_args, accelerator, workdir, *, num_gpus=None, include=None, env=None, timeout=600,
+           runner=DEEPSPEED_RUNNER):
+    """`DS_ACCELERATOR=accelerator deepspeed [--num_gpus N | --include ...] --master_port P script_args`."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    resources = ["--num_gpus", str(num_gpus)] if num_gpus is not None else []
+    if include is not None:
+        resources = ["--include", include]
+    cmd = [sys.executable, *runner, *resources, "--master_port", str(free_port()), *map(str, script_args)]
+    full_env = dict(os.environ, DS_ACCELERATOR=accelerator, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"),
+                    PYTHONUNBUFFERED="1", **(env or {}))
+    return run_in_session(cmd, full_env, workdir, workdir / f"launch-{accelerator}-{time.monotonic_ns()}.log",
+                          timeout)
 
 
 def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, launcher="python",
@@ -52,7 +100,7 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    label = "cpu" if candidate is None else "candidate"
+    label = f"{'cpu' if candidate is None else 'candidate'}-{time.monotonic_ns()}"
     losses_file = workdir / f"losses-{label}.json"
     losses_file.unlink(missing_ok=True)
     port = free_port()
@@ -61,7 +109,7 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     env.pop(SPEC_ENV, None)
     env = dict(env, DS_ACCELERATOR="cpu") if candidate is None else candidate.child_env(env)
     args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
-            str(losses_file), *extra_args]
+            str(losses_file), *map(str, extra_args)]
     if launcher == "python":
         if world_size != 1:
             raise ValueError("launcher='python' starts a single rank; use launcher='deepspeed' for more")
@@ -69,21 +117,20 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
                    MASTER_PORT=str(port))
         cmd = [sys.executable, *args]
     elif launcher == "deepspeed":
-        cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(world_size), "--master_port",
-               str(port), *args]
+        cmd = [sys.executable, *DEEPSPEED_RUNNER, "--num_gpus", str(world_size), "--master_port", str(port), *args]
     else:
         raise ValueError(f"unknown launcher {launcher!r}: expected 'python' or 'deepspeed'")
-    proc = subprocess.run(cmd, cwd=workdir, env=env, capture_output=True, text=True, timeout=timeout)
-    log = proc.stdout + proc.stderr
-    (workdir / f"train-{label}.log").write_text(log)
-    if proc.returncode != 0 or not losses_file.exists():
-        tail = "\n".join(log.strip().splitlines()[-25:])
+    run = run_in_session(cmd, env, workdir, workdir / f"train-{label}.log", timeout)
+    if run.returncode != 0 or not losses_file.exists():
+        tail = "\n".join(run.log.strip().splitlines()[-25:])
         who = "the CPU reference" if candidate is None else f"candidate {candidate.text}"
-        ending = (f"was killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else
-                  f"exited {proc.returncode}" if proc.returncode else "exited 0 without writing its losses")
-        raise TrainingFailed(f"{Path(script).name} with {Path(config).name} on {who} {ending}; log tail:\n{tail}")
+        ending = (f"timed out after {timeout}s" if run.timed_out else
+                  f"was killed by {signal.Signals(-run.returncode).name}" if run.returncode < 0 else
+                  f"exited {run.returncode}" if run.returncode else "exited 0 without writing its losses")
+        raise TrainingFailed(f"{Path(script).name} with {Path(config).name} on {world_size} rank(s), {who}, "
+                             f"{ending}; log tail:\n{tail}")
     result = json.loads(losses_file.read_text())
-    return TrainingRun(losses=result["losses"], device=result["device"], log=log)
+    return TrainingRun(losses=result["losses"], device=result["device"], log=run.log)
 
 
 def tolerance(precision):

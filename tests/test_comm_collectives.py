@@ -16,7 +16,7 @@ import pytest
 from harness.training import FIXTURES
 
 sys.path.insert(0, str(FIXTURES))
-from multirank import launch  # noqa: E402
+from harness.training import launch
 
 SCRIPT = FIXTURES / "collectives.py"
 

@@ -53,7 +53,7 @@ def run_harness(tmp_path, *args):
     out = tmp_path / "run"
     env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
     proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--out", str(out), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
     report_path = out / "report.json"
     report = json.loads(report_path.read_text()) if report_path.is_file() else None
     return proc.returncode, report, proc.stderr

@@ -19,8 +19,7 @@ import pytest
 from deepspeed_xla import launch, tpu_topology
 from harness.training import FIXTURES
 
-sys.path.insert(0, str(FIXTURES))
-from multirank import launch as run_launcher  # noqa: E402
+from harness.training import launch as run_launcher
 
 GOOGLE = "0x1ae0"
 

@@ -5,14 +5,10 @@ reproduce steps 4-6 of the uninterrupted run, on XLA and on CPU (the checkpoint 
 host tensors, see deepspeed_xla/checkpointing.py), within the fp32 tolerance.
 """
 
-import sys
-
 import pytest
 
-from harness.training import FIXTURES, compare_losses, describe_mismatch
-
-sys.path.insert(0, str(FIXTURES))
-from multirank import train  # noqa: E402
+from harness.candidates import parse_spec
+from harness.training import FIXTURES, compare_losses, describe_mismatch, run_training
 
 TRAIN = FIXTURES / "train.py"
 
@@ -22,12 +18,14 @@ TRAIN = FIXTURES / "train.py"
 def test_checkpoint_saved_on_xla_resumes_on_xla_and_cpu(stage, tmp_path):
     config = FIXTURES / "configs" / f"zero{stage}.json"
     ckpt = tmp_path / "ckpt"
-    full, _ = train(TRAIN, config, "xla", tmp_path / "save", steps=6,
-                    extra_args=["--save-dir", ckpt, "--save-after", "3"])
+    xla = parse_spec("deepspeed_xla")
+    full = run_training(TRAIN, config, xla, tmp_path / "save", world_size=2, launcher="deepspeed", steps=6,
+                        extra_args=["--save-dir", ckpt, "--save-after", "3"]).losses
     assert (ckpt / "latest").read_text().strip() == "global_step3"
-    for accelerator in ("xla", "cpu"):
-        resumed, device = train(TRAIN, config, accelerator, tmp_path / f"load-{accelerator}", steps=6,
-                                extra_args=["--load-dir", ckpt])
+    for accelerator, candidate in (("xla", xla), ("cpu", None)):
+        run = run_training(TRAIN, config, candidate, tmp_path / f"load-{accelerator}", world_size=2,
+                           launcher="deepspeed", steps=6, extra_args=["--load-dir", ckpt])
+        resumed, device = run.losses, run.device
         assert device == ("xla:0" if accelerator == "xla" else "cpu")
         evidence = compare_losses(full[3:], resumed, "fp32")
         print(f"zero{stage} resumed on {accelerator}: {resumed} vs uninterrupted {full[3:]}")

@@ -12,10 +12,7 @@ import sys
 import psutil
 import pytest
 
-from harness.training import FIXTURES
-
-sys.path.insert(0, str(FIXTURES))
-from multirank import free_port, launch  # noqa: E402
+from harness.training import FIXTURES, free_port, launch
 
 SCRIPT = FIXTURES / "faulty.py"
 TIMEOUT_ENV = {"DS_XLA_COLLECTIVE_TIMEOUT": "10"}

@@ -6,14 +6,10 @@ pipelines side by side); each step runs 2 micro-batches through the pipeline
 reference, in the same session.
 """
 
-import sys
-
 import pytest
 
-from harness.training import FIXTURES, compare_losses, describe_mismatch
-
-sys.path.insert(0, str(FIXTURES))
-from multirank import train  # noqa: E402
+from harness.candidates import parse_spec
+from harness.training import FIXTURES, compare_losses, describe_mismatch, run_training
 
 SCRIPT = FIXTURES / "train_pipe.py"
 CONFIG = FIXTURES / "configs" / "pipe.json"
@@ -31,11 +27,9 @@ CASES = {
 def test_pipeline_matches_cpu(case, tmp_path):
     world_size, extra = CASES[case]
     args = ["--stages", "2", *extra]
-    ref, ref_device = train(SCRIPT, CONFIG, "cpu", tmp_path / "cpu", world_size=world_size, steps=STEPS,
-                            extra_args=args)
-    losses, device = train(SCRIPT, CONFIG, "xla", tmp_path / "xla", world_size=world_size, steps=STEPS,
-                           extra_args=args)
-    assert device == "xla:0" and ref_device == "cpu"
-    evidence = compare_losses(ref, losses, "fp32")
-    print(f"{case}: max rel err {evidence['max_rel_err']:.3g} xla={losses} cpu={ref}")
+    runs = {name: run_training(SCRIPT, CONFIG, candidate, tmp_path / name, world_size=world_size, steps=STEPS,
+                               launcher="deepspeed", extra_args=args)
+            for name, candidate in (("cpu", None), ("xla", parse_spec("deepspeed_xla")))}
+    assert runs["xla"].device == "xla:0" and runs["cpu"].device == "cpu"
+    evidence = compare_losses(runs["cpu"].losses, runs["xla"].losses, "fp32")
     assert evidence["ok"], describe_mismatch(evidence, f"pipeline {case}")
