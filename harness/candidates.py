@@ -22,6 +22,7 @@ from pathlib import Path
 from deepspeed_xla._activation import REAL_ACCELERATOR, AcceleratorHook
 
 SPEC_ENV = "HARNESS_CANDIDATE"
+AT_START_ENV = "HARNESS_CANDIDATE_AT_START"
 _REPO = Path(__file__).resolve().parent.parent
 _CANDIDATE_SITE = Path(__file__).resolve().parent / "candidate_site"
 _DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
@@ -59,8 +60,10 @@ class CandidateSpec:
         """The spec with a file candidate's path made absolute (child processes run elsewhere)."""
         return f"{self.target}:{self.attr}" if self.kind == "file" else self.text
 
-    def child_env(self, env):
-        """`env` for a process that should run with this candidate installed.
+    def child_env(self, env, at_start=False):
+        """`env` for a process that should run with this candidate installed; with at_start,
+        for a process that does not run the harness plugin (a training script, DeepSpeed's
+        launcher and its workers), which then installs it from sitecustomize at start.
 
         deepspeed_xla is activated at interpreter start by DS_ACCELERATOR=xla. Any other
         candidate must not see DS_ACCELERATOR at start: DeepSpeed rejects unknown names,
@@ -72,10 +75,10 @@ class CandidateSpec:
             env["DS_ACCELERATOR"] = "xla"
         else:
             env.pop("DS_ACCELERATOR", None)
-            # Processes that do not run the harness plugin (training scripts, DeepSpeed's
-            # launcher and workers) install the candidate from sitecustomize at start.
-            path = [str(_CANDIDATE_SITE), str(_REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-            env["PYTHONPATH"] = os.pathsep.join(path)
+            if at_start:
+                env[AT_START_ENV] = "1"
+                path = [str(_CANDIDATE_SITE), str(_REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+                env["PYTHONPATH"] = os.pathsep.join(path)
         return env
 
 

@@ -18,7 +18,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from .candidates import SPEC_ENV
+from .candidates import AT_START_ENV, SPEC_ENV
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "fixtures"
@@ -107,7 +107,8 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONUNBUFFERED="1",
                **(extra_env or {}))
     env.pop(SPEC_ENV, None)
-    env = dict(env, DS_ACCELERATOR="cpu") if candidate is None else candidate.child_env(env)
+    env.pop(AT_START_ENV, None)
+    env = dict(env, DS_ACCELERATOR="cpu") if candidate is None else candidate.child_env(env, at_start=True)
     args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
             str(losses_file), *map(str, extra_args)]
     if launcher == "python":

@@ -2,6 +2,9 @@
 registration, and what a one-rank world does."""
 
 import datetime
+import os
+import subprocess
+import sys
 
 import pytest
 import torch.distributed as dist
@@ -21,11 +24,15 @@ def test_transport_can_be_forced():
         comm.transport_for("CPU", {comm.TRANSPORT_ENV: "nccl"})
 
 
-def test_transport_choice_does_not_start_the_runtime(monkeypatch):
-    from deepspeed_xla import runtime
-    monkeypatch.setenv("PJRT_DEVICE", "CPU")
-    assert comm.transport_for(runtime.device_type()) == "bridge"
-    assert not runtime.is_initialized()
+def test_transport_choice_does_not_start_the_runtime():
+    # In a fresh process: this one may have started the runtime for other tests.
+    code = ("from deepspeed_xla import comm, runtime\n"
+            "print(comm.transport_for(runtime.device_type()), runtime.is_initialized())")
+    proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PJRT_DEVICE="CPU"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["bridge", "False"], (
+        f"expected the host bridge chosen without starting the runtime, got {proc.stdout!r}")
 
 
 def test_collective_timeout():

@@ -9,10 +9,11 @@ from test_harness_candidates import CANDIDATES, failed_ids, run_harness
 
 ZERO_CASES = {
     *(f"zero{stage}-{precision}-{ranks}rank" for ranks in (1, 2) for stage in (0, 1, 2, 3) for precision in ("fp32", "bf16")),
-    "zero2-fp32-4rank", "zero3-fp32-4rank", "zero2-fp32-2rank-accum2-activation-checkpointing",
+    "zero2-fp32-2rank-accum2-activation-checkpointing",
 }
 
 
+@pytest.mark.timeout(2400)  # 17 cases, each trained twice: about 10 minutes on 2 idle cores
 def test_reference_candidate_passes_zero_suite(tmp_path):
     status, report, stderr = run_harness(tmp_path, "--suite", "zero")
     assert report is not None, stderr

@@ -108,11 +108,14 @@ def torch_xla_spawn_env(bare_environ, monkeypatch):
     def run(metadata, local_rank=None, local_world_size=None):
         monkeypatch.setattr(tpu, "_get_metadata", metadata.__getitem__)
         before = dict(os.environ)
+        # Other tests in this process may have started the runtime already; the guard
+        # applies where it has not.
+        started_before = torch_xla._XLAC._xla_runtime_is_initialized()
         if local_world_size is None:
             pjrt.initialize_singleprocess()
         else:
             pjrt.initialize_multiprocess(local_rank, local_world_size)
-        assert not torch_xla._XLAC._xla_runtime_is_initialized(), \
+        assert started_before or not torch_xla._XLAC._xla_runtime_is_initialized(), \
             "the simulated torch_xla spawn started the XLA runtime; a stub is missing"
         return {k: v for k, v in os.environ.items() if before.get(k) != v}
 

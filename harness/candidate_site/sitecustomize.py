@@ -9,7 +9,7 @@ activates it); every other candidate is installed here, before DeepSpeed is impo
 import os
 import sys
 
-if os.environ.get("HARNESS_CANDIDATE"):
+if os.environ.get("HARNESS_CANDIDATE") and os.environ.get("HARNESS_CANDIDATE_AT_START") == "1":
     from harness.candidates import CandidateError, install_from_env
     try:
         install_from_env()
