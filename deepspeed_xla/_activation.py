@@ -6,45 +6,17 @@ multiprocessing spawn/forkserver children. DeepSpeed calls get_accelerator() dur
 its own import, rejects names it does not know, and binds its op builders to the
 accelerator it gets then, so the accelerator must be in place the moment
 `deepspeed.accelerator.real_accelerator` has executed, before anything else in
-DeepSpeed runs: a meta-path hook wraps that one module's loader.
+DeepSpeed runs: a post-import hook (import_hooks.py) on that one module.
 """
 
-import importlib.abc
-import importlib.machinery
 import sys
+
+from .import_hooks import PostImportHook, arm
 
 REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
 INSTALL_HINT = ("deepspeed_xla: DS_ACCELERATOR=xla needs torch_xla, which is not installed. "
                 "Install it with `pip install deepspeed-xla[tpu]` on a TPU VM, or `pip install torch_xla==2.9.0` "
                 "for PJRT CPU, or unset DS_ACCELERATOR.")
-
-
-class AcceleratorHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Calls `on_loaded(real_accelerator_module)` once, right after DeepSpeed's
-    real_accelerator module has executed and before the rest of DeepSpeed imports.
-
-    Any accelerator (this package's, or a candidate under test) is installed this way.
-    """
-
-    def __init__(self, on_loaded):
-        self._on_loaded = on_loaded
-        self._loader = None
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != REAL_ACCELERATOR or self._loader is not None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        self._loader, spec.loader = spec.loader, self
-        return spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        self._on_loaded(module)
 
 
 def _install_accelerator(module):
@@ -56,7 +28,7 @@ def _install_accelerator(module):
     module.set_accelerator(XLA_Accelerator())
 
 
-_HOOK = AcceleratorHook(_install_accelerator)
+_HOOK = PostImportHook(REAL_ACCELERATOR, _install_accelerator)
 
 
 def install():
@@ -67,5 +39,4 @@ def install():
         raise RuntimeError("deepspeed_xla: DeepSpeed was imported before the XLA accelerator could be installed, "
                            "and its op builders are bound to the accelerator it chose then. Set DS_ACCELERATOR=xla, "
                            "or call deepspeed_xla.activate() before importing deepspeed.")
-    if _HOOK not in sys.meta_path:
-        sys.meta_path.insert(0, _HOOK)
+    arm(_HOOK)

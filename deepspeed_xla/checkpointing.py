@@ -12,9 +12,7 @@ The engine's `save` is wrapped when its module loads (a post-import hook, armed 
 interpreter start together with the launcher hooks); DeepSpeed's files are unchanged.
 """
 
-import importlib.abc
-import importlib.machinery
-import sys
+from .import_hooks import PostImportHook, arm
 
 ENGINE_MODULE = "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine"
 
@@ -56,30 +54,8 @@ def wrap_engine(module):
     engine.save = save
 
 
-class _EngineHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-
-    def __init__(self):
-        self._loader = None
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != ENGINE_MODULE or self._loader is not None:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        self._loader, spec.loader = spec.loader, self
-        return spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        wrap_engine(module)
+_HOOK = PostImportHook(ENGINE_MODULE, wrap_engine)
 
 
 def install():
-    if ENGINE_MODULE in sys.modules:
-        wrap_engine(sys.modules[ENGINE_MODULE])
-    elif not any(isinstance(finder, _EngineHook) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _EngineHook())
+    arm(_HOOK)

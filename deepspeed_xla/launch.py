@@ -25,11 +25,11 @@ DeepSpeed's files (the activation hook calls them, see _activation.py):
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import os
 import sys
 from typing import Mapping, MutableMapping
+
+from .import_hooks import PostImportHook, arm
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 DEFAULT_ENV_FILE = ".deepspeed_env"
@@ -116,8 +116,8 @@ def prepare_runner_from_argv(argv) -> None:
 
 def wrap_runner_main(runner_module) -> None:
     """Make `deepspeed.launcher.runner.main` prepare the environment first (idempotent)."""
-    original = runner_module.main
-    if getattr(original, "_deepspeed_xla", False):
+    original = getattr(runner_module, "main", None)
+    if original is None or getattr(original, "_deepspeed_xla", False):
         return
 
     def main(args=None):
@@ -133,36 +133,10 @@ def wrap_runner_main(runner_module) -> None:
 RUNNER_MODULE = "deepspeed.launcher.runner"  # what the `deepspeed` command runs
 
 
-class _RunnerHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Wraps `deepspeed.launcher.runner.main` as the module loads (the `deepspeed` console
-    script imports it), and prepares the environment when runpy runs the module as
-    __main__ (`python -m deepspeed.launcher.runner`), which asks the loader for its code."""
-
-    def __init__(self):
-        self._loader = None
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != RUNNER_MODULE:
-            return None
-        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-        if spec is None or spec.loader is None:
-            return None
-        self._loader, spec.loader = spec.loader, self
-        return spec
-
-    def create_module(self, spec):
-        return self._loader.create_module(spec)
-
-    def exec_module(self, module):
-        self._loader.exec_module(module)
-        wrap_runner_main(module)
-
-    def get_code(self, fullname):
-        prepare_runner_from_argv(sys.argv[1:])
-        return self._loader.get_code(fullname)
-
-    def __getattr__(self, name):
-        return getattr(self._loader, name)
+# The `deepspeed` console script imports the runner (main is wrapped as it loads);
+# `python -m deepspeed.launcher.runner` has runpy ask for its code instead.
+_RUNNER_HOOK = PostImportHook(RUNNER_MODULE, wrap_runner_main,
+                              on_run_as_main=lambda: prepare_runner_from_argv(sys.argv[1:]))
 
 
 def install_launcher_hooks() -> None:
@@ -171,10 +145,7 @@ def install_launcher_hooks() -> None:
     apply_tpu_worker_env()
     from . import checkpointing
     checkpointing.install()  # DeepSpeed checkpoints from XLA hold host tensors
-    if RUNNER_MODULE in sys.modules and hasattr(sys.modules[RUNNER_MODULE], "main"):
-        wrap_runner_main(sys.modules[RUNNER_MODULE])
-    if not any(isinstance(finder, _RunnerHook) for finder in sys.meta_path):
-        sys.meta_path.insert(0, _RunnerHook())
+    arm(_RUNNER_HOOK)
 
 
 # -- each worker ----------------------------------------------------------------------

@@ -19,7 +19,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepspeed_xla._activation import REAL_ACCELERATOR, AcceleratorHook
+from deepspeed_xla._activation import REAL_ACCELERATOR
+from deepspeed_xla.import_hooks import PostImportHook
 
 SPEC_ENV = "HARNESS_CANDIDATE"
 AT_START_ENV = "HARNESS_CANDIDATE_AT_START"
@@ -159,7 +160,7 @@ def _resolve_xla_name(spec):
 
 class _CandidateInstaller:
     """Builds the candidate when DeepSpeed's real_accelerator module has executed (through
-    deepspeed_xla's AcceleratorHook, the same route DS_ACCELERATOR=xla takes) and keeps any
+    deepspeed_xla's PostImportHook, the same route DS_ACCELERATOR=xla takes) and keeps any
     failure for a one-line report.
 
     DeepSpeed calls get_accelerator() while `import deepspeed` runs and binds op builders
@@ -200,7 +201,7 @@ def install(spec):
         raise CandidateError(f"candidate {spec.text}: DeepSpeed was imported before the candidate could be "
                              "installed; install it first thing in the process")
     installer = _CandidateInstaller(lambda: _build(spec))
-    hook = AcceleratorHook(installer)
+    hook = PostImportHook(REAL_ACCELERATOR, installer)
     sys.meta_path.insert(0, hook)
     try:
         import deepspeed.accelerator

@@ -1,0 +1,55 @@
+"""Run code right after a DeepSpeed module loads, without editing DeepSpeed's files.
+
+DeepSpeed fixes some choices while its modules import (its accelerator, the op builders
+bound to it, the launcher's entry point). A `PostImportHook` on `sys.meta_path` wraps one
+module's loader: `on_loaded(module)` runs as soon as the module has executed, before the
+importer sees it; `on_run_as_main()` runs before the module's code when `python -m` runs
+it (runpy asks the loader for the code instead of executing it).
+"""
+
+import importlib.abc
+import importlib.machinery
+import sys
+
+
+class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+
+    def __init__(self, module_name, on_loaded, on_run_as_main=None):
+        self.module_name = module_name
+        self.on_loaded = on_loaded
+        self._on_run_as_main = on_run_as_main
+        self._loader = None
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.module_name:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+        if spec is None or spec.loader is None:
+            return None
+        self._loader, spec.loader = spec.loader, self
+        return spec
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module):
+        self._loader.exec_module(module)
+        self.on_loaded(module)
+
+    def get_code(self, fullname):
+        if self._on_run_as_main is not None:
+            self._on_run_as_main()
+        return self._loader.get_code(fullname)
+
+    def __getattr__(self, name):
+        # Anything else runpy or importlib asks of a loader (get_source, is_package, ...).
+        return getattr(self._loader, name)
+
+
+def arm(hook):
+    """Put `hook` in place for this process, once; if its module is already loaded, act now."""
+    loaded = sys.modules.get(hook.module_name)
+    if loaded is not None:
+        hook.on_loaded(loaded)  # it ran before the hook could see it: do now what the hook would have done
+    elif hook not in sys.meta_path:
+        sys.meta_path.insert(0, hook)
