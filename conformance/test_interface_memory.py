@@ -10,6 +10,7 @@ from conformance_helpers import INDEX_FORMS, host, materialise
 pytestmark = pytest.mark.area("interface")
 
 MiB = 1 << 20
+SAMPLING_SLACK = MiB  # what sampled host figures may move between two reads, far below the 128 MiB spike
 
 
 def _bytes(accel, method, *args):
@@ -63,7 +64,9 @@ def _check_reset(accel, current_method, peak_method, reset_method, xla_device):
     # sampled (host RSS) and move with unrelated host allocations between two calls
     current = _bytes(accel, current_method)
     peak_after = _bytes(accel, peak_method)
-    assert peak_after <= peak_before, f"{peak_method} rose from {peak_before} to {peak_after} across {reset_method}()"
+    # Host-backed figures (RSS) gain a page or two between any two reads.
+    assert peak_after <= peak_before + SAMPLING_SLACK, (
+        f"{peak_method} rose from {peak_before} to {peak_after} across {reset_method}()")
     assert peak_after >= current, f"after {reset_method}(), {peak_method}() = {peak_after} < {current_method}() = {current}"
 
 
