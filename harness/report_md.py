@@ -4,6 +4,7 @@ import html
 import json
 
 from .report_json import STATUSES
+from .suites import SUITES
 
 _MARK = {"passed": "✅", "failed": "❌", "xfailed": "⚠️", "xpassed": "❗", "skipped": "⏭️"}
 
@@ -43,6 +44,10 @@ def render(report):
     for area, counts in report["areas"].items():
         lines.append(f"| {area} | " + " | ".join(str(counts[s]) for s in STATUSES) + f" | {counts['total']} |")
     lines.append("| **all** | " + " | ".join(f"**{summary[s]}**" for s in STATUSES) + f" | **{summary['total']}** |")
+    # An area the suite names but no check ran in (no module yet, or deselected) must not read as a pass.
+    unrun = [area for area in SUITES.get(report["suite"], ()) if area not in report["areas"]]
+    if unrun:
+        lines += ["", f"No check ran in: {', '.join(f'`{area}`' for area in unrun)}."]
     coverage = report["coverage"]["interface"]
     lines += ["", f"Interface coverage: {coverage['checked']}/{coverage['total']} DeepSpeedAccelerator methods checked"
               + (f"; unchecked: {', '.join(f'`{m}`' for m in coverage['unchecked'])}" if coverage["unchecked"] else ""),

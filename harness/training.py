@@ -74,19 +74,39 @@ def run_in_session(cmd, env, workdir, log_path, timeout):
     return Launch(proc.returncode, Path(log_path).read_text(), time.monotonic() - start, timed_out)
 
 
-def launch(script_args, accelerator, workdir, *, num_gpus=None, include=None, env=None, timeout=600,
+def process_env(extra=None):
+    """The environment of a process a check starts: this one's, on PJRT CPU unless told
+    otherwise, unbuffered so a log tail shows the last thing a rank said."""
+    return dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONUNBUFFERED="1", **(extra or {}))
+
+
+def deepspeed_command(resources, script_args, runner=DEEPSPEED_RUNNER):
+    """`deepspeed RESOURCES --master_port P SCRIPT_ARGS` on a free port (`python -m` the runner,
+    so the command does not depend on PATH)."""
+    return [sys.executable, *runner, *resources, "--master_port", str(free_port()), *map(str, script_args)]
+
+
+def accelerator_env(candidate, extra=None):
+    """Environment for a process that runs on `candidate` (a CandidateSpec, installed at
+    interpreter start) or, when None, on DeepSpeed's CPU accelerator (the reference)."""
+    env = process_env(extra)
+    env.pop(SPEC_ENV, None)
+    env.pop(AT_START_ENV, None)
+    return dict(env, DS_ACCELERATOR="cpu") if candidate is None else candidate.child_env(env, at_start=True)
+
+
+def launch(script_args, candidate, workdir, *, num_gpus=None, include=None, env=None, timeout=600,
            runner=DEEPSPEED_RUNNER):
-    """`DS_ACCELERATOR=accelerator deepspeed [--num_gpus N | --include ...] --master_port P script_args`."""
+    """`deepspeed [--num_gpus N | --include ...] --master_port P script_args` on `candidate`
+    (None: DeepSpeed's CPU accelerator); `env` adds to the environment."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     resources = ["--num_gpus", str(num_gpus)] if num_gpus is not None else []
     if include is not None:
         resources = ["--include", include]
-    cmd = [sys.executable, *runner, *resources, "--master_port", str(free_port()), *map(str, script_args)]
-    full_env = dict(os.environ, DS_ACCELERATOR=accelerator, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"),
-                    PYTHONUNBUFFERED="1", **(env or {}))
-    return run_in_session(cmd, full_env, workdir, workdir / f"launch-{accelerator}-{time.monotonic_ns()}.log",
-                          timeout)
+    label = "cpu" if candidate is None else candidate.name
+    return run_in_session(deepspeed_command(resources, script_args, runner), accelerator_env(candidate, env), workdir,
+                          workdir / f"launch-{label}-{time.monotonic_ns()}.log", timeout)
 
 
 def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, launcher="python",
@@ -103,22 +123,17 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     label = f"{'cpu' if candidate is None else 'candidate'}-{time.monotonic_ns()}"
     losses_file = workdir / f"losses-{label}.json"
     losses_file.unlink(missing_ok=True)
-    port = free_port()
-    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONUNBUFFERED="1",
-               **(extra_env or {}))
-    env.pop(SPEC_ENV, None)
-    env.pop(AT_START_ENV, None)
-    env = dict(env, DS_ACCELERATOR="cpu") if candidate is None else candidate.child_env(env, at_start=True)
+    env = accelerator_env(candidate, extra_env)
     args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
             str(losses_file), *map(str, extra_args)]
     if launcher == "python":
         if world_size != 1:
             raise ValueError("launcher='python' starts a single rank; use launcher='deepspeed' for more")
         env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port))
+                   MASTER_PORT=str(free_port()))
         cmd = [sys.executable, *args]
     elif launcher == "deepspeed":
-        cmd = [sys.executable, *DEEPSPEED_RUNNER, "--num_gpus", str(world_size), "--master_port", str(port), *args]
+        cmd = deepspeed_command(["--num_gpus", str(world_size)], args)
     else:
         raise ValueError(f"unknown launcher {launcher!r}: expected 'python' or 'deepspeed'")
     run = run_in_session(cmd, env, workdir, workdir / f"train-{label}.log", timeout)

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 from junitparser import JUnitXml
 
-from harness import cli, curves, environment, expectations, run_dir
+from harness import cli, curves, environment, expectations, run_dir, suites
 from harness.outcomes import result_record, status_of
 
 DEVICE = "conformance/test_interface_device.py"
@@ -63,8 +63,8 @@ FINGERPRINT = {"python": "3.11", "backend": "cpu", "device_kind": "PJRT CPU", "d
                "candidate": "fake", "env": {"PJRT_DEVICE": "CPU"}}
 
 
-def finish(out, expected=(), child_rc=1, interrupted=False):
-    return cli.finish(out=out, run_id="run-1", suite="interface", expected=list(expected),
+def finish(out, expected=(), child_rc=1, interrupted=False, suite="interface"):
+    return cli.finish(out=out, run_id="run-1", suite=suite, expected=list(expected),
                       env_fingerprint=FINGERPRINT, child_rc=child_rc, interrupted=interrupted)
 
 
@@ -100,6 +100,14 @@ def test_report_from_parts(tmp_path):
     assert "Interface coverage: 2/3" in markdown and "`on_accelerator`" in markdown
     assert "![loss curves](curves/" in markdown and "| env PJRT_DEVICE | `CPU` |" in markdown
     assert cli.exit_status(report) == 1
+
+
+def test_areas_of_the_suite_where_no_check_ran_are_named(tmp_path):
+    write_parts(tmp_path, [result(f"{DEVICE}::test_synchronize[None]", "passed", "synchronize")])
+    finish(tmp_path, child_rc=0, suite="all")
+    markdown = (tmp_path / "report.md").read_text()
+    unrun = ", ".join(f"`{area}`" for area in suites.AREAS if area != "interface")
+    assert f"No check ran in: {unrun}." in markdown, markdown
 
 
 def test_interrupted_run_reports_incomplete_and_the_check_that_was_running(tmp_path):

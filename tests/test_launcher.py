@@ -19,6 +19,7 @@ import pytest
 from deepspeed_xla import launch, tpu_topology
 from harness.training import FIXTURES
 
+from harness.candidates import parse_spec
 from harness.training import launch as run_launcher
 
 GOOGLE = "0x1ae0"
@@ -190,9 +191,9 @@ def test_include_and_env_file_end_to_end(tmp_path):
     (tmp_path / "xla.env").write_text("DS_XLA_SHARED=cwd=yes\n")
     out = tmp_path / "out"
     console = Path(sys.executable).parent / "deepspeed"
-    run = run_launcher([FIXTURES / "probe_env.py", "--out", out, "--vars", "DS_XLA_FROM_HOME,DS_XLA_SHARED"], "xla",
-                       tmp_path, include="localhost:0,1", env={"HOME": str(home), "DS_ENV_FILE": "xla.env"},
-                       runner=(str(console), ), timeout=300)
+    run = run_launcher([FIXTURES / "probe_env.py", "--out", out, "--vars", "DS_XLA_FROM_HOME,DS_XLA_SHARED"],
+                       parse_spec("deepspeed_xla"), tmp_path, include="localhost:0,1",
+                       env={"HOME": str(home), "DS_ENV_FILE": "xla.env"}, runner=(str(console), ), timeout=300)
     assert run.returncode == 0, run.log[-3000:]
     for rank in range(2):
         report = json.loads((out / f"rank{rank}.json").read_text())

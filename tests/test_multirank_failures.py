@@ -12,6 +12,7 @@ import sys
 import psutil
 import pytest
 
+from harness.candidates import parse_spec
 from harness.training import FIXTURES, free_port, launch
 
 SCRIPT = FIXTURES / "faulty.py"
@@ -34,7 +35,8 @@ def no_survivors(tag):
     ("unsupported", ["rank 1 in group [0, 1]: recv(src=None) is not supported by the XLA host bridge"]),
 ])
 def test_misbehaving_rank_fails_fast_and_clearly(mode, expected, tmp_path):
-    run = launch([SCRIPT, "--mode", mode], "xla", tmp_path, num_gpus=2, env=TIMEOUT_ENV, timeout=240)
+    run = launch([SCRIPT, "--mode", mode], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env=TIMEOUT_ENV,
+                 timeout=240)
     assert not run.timed_out, f"{mode}: the run hung:\n{run.log[-3000:]}"
     assert run.returncode != 0, f"{mode}: the run exited 0:\n{run.log[-3000:]}"
     assert run.seconds < 120, f"{mode}: took {run.seconds:.0f}s"

@@ -1,0 +1,57 @@
+"""Every collective DeepSpeed calls, through the candidate's communication backend, at 2 and 4
+ranks.
+
+fixtures/collectives.py runs on the candidate under DeepSpeed's launcher
+(`deepspeed --num_gpus N`) and checks each case against its closed-form result
+(rank-dependent inputs, nccl-tests style): in-place results, AVG, views, outputs aliasing
+inputs (ZeRO-3's flat buffers), async handles, coalescing, subgroups, point to point, a
+real barrier, and the launch environment itself. One launch per world size; one check
+per case and world size, named after the case.
+"""
+
+import ast
+import json
+
+import pytest
+
+from harness.candidates import spec_from_env
+from harness.training import FIXTURES, launch
+
+pytestmark = pytest.mark.area("collectives")
+
+SCRIPT = FIXTURES / "collectives.py"
+
+
+def case_names():
+    tree = ast.parse(SCRIPT.read_text())
+    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
+            and any(getattr(d, "id", None) == "case" for d in node.decorator_list)]
+
+
+_runs = {}
+
+
+def results(world_size, tmp_path_factory):
+    if world_size not in _runs:
+        workdir = tmp_path_factory.mktemp(f"collectives{world_size}")
+        out = workdir / "results"
+        run = launch([SCRIPT, "--out", out], spec_from_env(), workdir, num_gpus=world_size, timeout=300)
+        per_rank = {}
+        for rank in range(world_size):
+            path = out / f"rank{rank}.json"
+            per_rank[rank] = json.loads(path.read_text()) if path.exists() else None
+        _runs[world_size] = (run, per_rank)
+    return _runs[world_size]
+
+
+@pytest.mark.parametrize("world_size", [2, 4], ids=["2ranks", "4ranks"])
+@pytest.mark.parametrize("case", case_names())
+def test_collective(case, world_size, evidence, tmp_path_factory):
+    run, per_rank = results(world_size, tmp_path_factory)
+    missing = [rank for rank, result in per_rank.items() if result is None]
+    assert not missing, (f"ranks {missing} of {world_size} wrote no results (launcher exit {run.returncode}); "
+                         f"log tail:\n{run.log[-3000:]}")
+    failures = {rank: result[case]["detail"] for rank, result in per_rank.items() if not result[case]["ok"]}
+    evidence.update(world_size=world_size, failed_ranks=sorted(failures))
+    assert not failures, "\n".join(f"{case} on rank {rank} of {world_size}: {detail}"
+                                    for rank, detail in failures.items())
