@@ -4,8 +4,8 @@ ranks.
 fixtures/collectives.py runs on the candidate under DeepSpeed's launcher
 (`deepspeed --num_gpus N`) and checks each case against its closed-form result
 (rank-dependent inputs, nccl-tests style): in-place results, AVG, views, outputs aliasing
-inputs (ZeRO-3's flat buffers), async handles, coalescing, subgroups, point to point, a
-real barrier, and the launch environment itself. One launch per world size; one check
+inputs (ZeRO-3's flat buffers), async handles, coalescing, subgroups, point to point and a
+real barrier. One launch per world size; one check
 per case and world size, named after the case.
 """
 

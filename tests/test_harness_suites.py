@@ -1,9 +1,10 @@
-"""The multi-process suites through the harness, as a user runs them: deepspeed_xla passes every
+"""The multi-process suites through the harness, as a user runs them: deepspeed_xla starts
+under DeepSpeed's launcher without the parent touching the XLA runtime, passes every
 collective at 2 and 4 ranks, matches the CPU reference at every ZeRO stage and precision and
 in the pipeline engine, its checkpoints move to and from CPU, and it stops compiling after
-warm-up. Candidates with a real defect are caught where it shows: a backend whose AVG is a
-SUM by the collectives, a wrong optimizer path by the loss curves, a recompiling optimizer
-by the graph suite."""
+warm-up. Candidates with a real defect are caught where it shows: a device_count that
+starts the runtime by the launcher suite, a backend whose AVG is a SUM by the collectives, a
+wrong optimizer path by the loss curves, a recompiling optimizer by the graph suite."""
 
 import pytest
 
@@ -20,6 +21,21 @@ AVG_CASES = ("all_reduce_avg", "all_reduce_strided_view", "reduce_to_root", "red
 
 def _passed_cases(report):
     return {r["id"].rsplit("[", 1)[-1].rstrip("]") for r in report["results"] if r["status"] == "passed"}
+
+
+def test_reference_candidate_passes_launcher_suite(tmp_path):
+    status, report, stderr = run_harness(tmp_path, "--suite", "launcher")
+    assert report is not None, stderr
+    assert status == 0 and report["summary"]["passed"] == 3, f"deepspeed_xla: failed {sorted(failed_ids(report))}"
+
+
+def test_device_count_that_starts_the_runtime_fails_the_runner_parent_checks(tmp_path):
+    status, report, stderr = run_harness(tmp_path, "--suite", "launcher", "--candidate",
+                                         f"{CANDIDATES}/device_count_starts_runtime.py:DeviceCountStartsRuntime")
+    assert report is not None, stderr
+    expected = {f"test_launcher.py::test_device_count__runner_parent_leaves_runtime_uninitialised[num_gpus-{n}]"
+                for n in (2, 4)}
+    assert status == 1 and failed_ids(report) == expected, f"exit {status}, failed {sorted(failed_ids(report))}"
 
 
 def test_reference_candidate_passes_collectives_suite(tmp_path):
