@@ -110,6 +110,13 @@ def test_areas_of_the_suite_where_no_check_ran_are_named(tmp_path):
     assert f"No check ran in: {unrun}." in markdown, markdown
 
 
+def test_suite_without_the_interface_area_does_not_list_interface_methods(tmp_path):
+    write_parts(tmp_path, [])
+    finish(tmp_path, child_rc=0, suite="launcher")
+    markdown = (tmp_path / "report.md").read_text()
+    assert "Interface coverage: not measured (suite `launcher`" in markdown and "`synchronize`" not in markdown
+
+
 def test_interrupted_run_reports_incomplete_and_the_check_that_was_running(tmp_path):
     write_parts(tmp_path, [
         result(f"{DEVICE}::test_device_name[0-int]", "passed", "device_name"),
