@@ -74,12 +74,6 @@ def run_in_session(cmd, env, workdir, log_path, timeout):
     return Launch(proc.returncode, Path(log_path).read_text(), time.monotonic() - start, timed_out)
 
 
-def process_env(extra=None):
-    """The environment of a process a check starts: this one's, on PJRT CPU unless told
-    otherwise, unbuffered so a log tail shows the last thing a rank said."""
-    return dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONUNBUFFERED="1", **(extra or {}))
-
-
 def deepspeed_command(resources, script_args, runner=DEEPSPEED_RUNNER):
     """`deepspeed RESOURCES --master_port P SCRIPT_ARGS` on a free port (`python -m` the runner,
     so the command does not depend on PATH)."""
@@ -88,8 +82,10 @@ def deepspeed_command(resources, script_args, runner=DEEPSPEED_RUNNER):
 
 def accelerator_env(candidate, extra=None):
     """Environment for a process that runs on `candidate` (a CandidateSpec, installed at
-    interpreter start) or, when None, on DeepSpeed's CPU accelerator (the reference)."""
-    env = process_env(extra)
+    interpreter start) or, when None, on DeepSpeed's CPU accelerator (the reference): this
+    process's environment plus `extra`, on PJRT CPU unless told otherwise, unbuffered so a log
+    tail shows the last thing a rank said."""
+    env = dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONUNBUFFERED="1", **(extra or {}))
     env.pop(SPEC_ENV, None)
     env.pop(AT_START_ENV, None)
     return dict(env, DS_ACCELERATOR="cpu") if candidate is None else candidate.child_env(env, at_start=True)
