@@ -8,6 +8,7 @@ import sys
 import torch
 
 from harness import candidates
+from harness.training import compare_losses, describe_mismatch
 
 # DeepSpeed passes device indices as ints, as strings ("0", from env and configs) and as torch.device.
 INDEX_FORMS = {
@@ -38,3 +39,13 @@ def run_fresh(code, timeout=300):
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise AssertionError(f"fresh process with the candidate failed (exit {proc.returncode}):\n{tail}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_trains_like_reference(case, reference, evidence, workdir, what):
+    """Train `case` on the candidate and compare every step's loss with `reference` (a
+    harness.references.Reference) within the case's precision tolerance; evidence records both."""
+    run = case.run(candidates.spec_from_env(), workdir)
+    comparison = compare_losses(reference.losses, run.losses, case.precision)
+    evidence.update(comparison, **reference.evidence(), config=case.config, ranks=case.ranks, device=run.device)
+    assert run.device.startswith("xla"), f"the candidate trained on {run.device}, not on an XLA device"
+    assert comparison["ok"], describe_mismatch(comparison, f"{what} ({reference.source} reference)")

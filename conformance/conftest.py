@@ -4,6 +4,8 @@ plugin (harness/plugin.py) when these run; checks reach it the way DeepSpeed doe
 import pytest
 import torch
 
+from harness import references
+
 
 @pytest.fixture(scope="session")
 def accel():
@@ -24,3 +26,11 @@ def restore_device(accel):
     before = accel.current_device()
     yield
     accel.set_device(before)
+
+
+@pytest.fixture
+def reference(request, tmp_path):
+    """reference(case): the CPU reference curve of a training case, trained live in this run or
+    stored (fixtures/references/), as `--reference` says (harness/references.py)."""
+    mode = request.config.getoption("harness_reference")
+    return lambda case: references.reference_for(case, mode, tmp_path / "reference")

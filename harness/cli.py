@@ -1,4 +1,5 @@
 """`python -m harness run --backend {cpu,tpu} --candidate SPEC --suite NAME --out DIR`
+`python -m harness references [--area AREA] [-k TEXT]`: record the stored CPU reference curves
 
 Exit status: 0 when nothing failed unexpectedly, 1 on unexpected failures (or a run that
 did not complete), 2 on bad usage, with a one-line reason. The checks run in a child
@@ -11,9 +12,11 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
-from . import candidates, curves, environment, expectations, report_json, report_junit, report_md, run_dir, suites
+from . import (candidates, curves, environment, expectations, references, report_json, report_junit, report_md,
+               run_dir, suites, training)
 from .plugin import OUT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +47,16 @@ def _parser():
     run.add_argument("--expectations", help="expectations TOML (default fixtures/expectations/<candidate>-<backend>.toml)")
     run.add_argument("--workers", type=int, default=0, help="pytest-xdist worker processes (default 0: one process)")
     run.add_argument("--timeout", type=int, default=600, help="seconds one check may take (default 600)")
+    run.add_argument("--reference", choices=references.MODES, default="live",
+                     help="CPU reference curves of the zero and pipeline cases: trained live in this run "
+                          "(default), or stored in fixtures/references/ (used only where fresh for this stack)")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments (e.g. -k)")
+    record = commands.add_parser("references", help="train and store the CPU reference curve of every training case "
+                                 f"({references.REFERENCES.relative_to(REPO)}/)")
+    record.add_argument("--area", choices=training.training_areas(), help="only this area's cases (default: all)")
+    record.add_argument("-k", dest="select", default="", help="only cases whose id contains this text")
+    record.add_argument("--dir", default=str(references.REFERENCES),
+                        help="where to store them (default: the ones the harness reads)")
     return parser
 
 
@@ -138,7 +150,7 @@ def run(args):
     env["PJRT_DEVICE"] = PJRT_DEVICE[args.backend]
     env[OUT_ENV] = str(out)
     command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
-               "--rootdir", str(REPO), "--timeout", str(args.timeout), "-q", "-rfEX",
+               "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference, "-q", "-rfEX",
                *(["-n", str(args.workers), "--dist", "loadfile"] if args.workers else []),
                *[str(m) for m in modules], *[a for a in args.pytest_args if a != "--"]]
     print(f"harness: suite {args.suite} on {args.backend}, candidate {spec.text}: {len(modules)} modules -> {out}",
@@ -160,10 +172,28 @@ def run(args):
     return exit_status(report)
 
 
+def record_references(args):
+    cases = [case for area in ([args.area] if args.area else training.training_areas())
+             for case in training.training_cases(area) if args.select in case.id]
+    if not cases:
+        raise UsageError(f"no training case id contains {args.select!r} (fixtures/training_cases.toml)")
+    print(f"harness: recording the CPU reference curves of {len(cases)} training case(s) -> {args.dir}", flush=True)
+    recorded = []
+    say = lambda line: print(f"harness: {line}", flush=True)  # noqa: E731
+    try:
+        with tempfile.TemporaryDirectory(prefix="harness-references-") as workdir:
+            failed = references.regenerate(cases, workdir, root=args.dir, say=say, recorded=recorded)
+    except KeyboardInterrupt:  # each curve is written as it is trained: the finished ones stay
+        say(f"interrupted: {len(recorded)} of {len(cases)} recorded")
+        return 130
+    say(f"{len(recorded)} recorded, {len(failed)} failed")
+    return 1 if failed else 0
+
+
 def main(argv=None):
     try:
         args = _parser().parse_args(argv)
-        return run(args)
+        return run(args) if args.command == "run" else record_references(args)
     except UsageError as err:
         print(f"harness: error: {err}", file=sys.stderr)
         return 2

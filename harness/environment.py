@@ -19,7 +19,7 @@ ENV_ALLOWLIST = ("PJRT_DEVICE", "DS_ACCELERATOR", "XLA_FLAGS", "CPU_NUM_DEVICES"
                  "TPU_VISIBLE_CHIPS")
 
 
-def _version(distribution):
+def installed_version(distribution):
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:
@@ -84,16 +84,16 @@ def devices(backend):
 
 def fingerprint(backend, candidate_text, device_kind, device_count, env):
     """The fingerprint; `env` is the environment the checks ran with."""
-    libtpu = _version("libtpu") or _version("libtpu-nightly")
+    libtpu = installed_version("libtpu") or installed_version("libtpu-nightly")
     return {
         "python": platform.python_version(),
         "python_implementation": platform.python_implementation(),
         "platform": f"{platform.system()} {platform.machine()}",
         "host_cpus": os.cpu_count(),
-        "torch": _version("torch"),
-        "torch_xla": _version("torch_xla"),
+        "torch": installed_version("torch"),
+        "torch_xla": installed_version("torch_xla"),
         "libtpu": libtpu,
-        "deepspeed": _version("deepspeed"),
+        "deepspeed": installed_version("deepspeed"),
         "deepspeed_git": source_revision("deepspeed"),
         "backend": backend,
         "device_kind": device_kind,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from . import candidates, checklist
+from . import candidates, checklist, references
 from .outcomes import result_record
 from .suites import AREAS, area_of_module
 
@@ -27,6 +27,9 @@ def pytest_addoption(parser):
     group = parser.getgroup("harness")
     group.addoption("--harness-out", default=os.environ.get(OUT_ENV),
                     help="run directory: results are streamed to <dir>/parts/")
+    group.addoption("--reference", dest="harness_reference", default="live", choices=references.MODES,
+                    help="CPU reference curves: trained live in this run (default), or the stored ones "
+                         "(fixtures/references/) where fresh for this stack")
 
 
 def pytest_configure(config):

@@ -2,6 +2,7 @@
 
 import html
 import json
+from collections import Counter
 
 from .report_json import STATUSES
 from .suites import SUITES
@@ -28,6 +29,23 @@ def _evidence_block(result, artifacts):
     return "\n\n".join(parts)
 
 
+def _reference_sources(results):
+    """Where the loss curves were compared from: trained live in this run, or stored (and why not, where
+    a stored one was asked for and could not be used)."""
+    evidence = [r["evidence"] for r in results if r.get("evidence", {}).get("reference_source")]
+    if not evidence:
+        return []
+    counts = Counter(e["reference_source"] for e in evidence)
+    parts = []
+    if counts["stored"]:
+        parts.append(f"{counts['stored']} stored (fixtures/references/, recorded for this torch and DeepSpeed)")
+    if counts["live"]:
+        parts.append(f"{counts['live']} trained live in this run")
+    unused = sum(1 for e in evidence if e.get("reference_note"))
+    return ["", f"CPU reference curves: {', '.join(parts)}."
+            + (f" {unused} stored curve(s) could not be used; each check's evidence says why." if unused else "")]
+
+
 def render(report):
     summary, env = report["summary"], report["environment"]
     verdict = "PASS" if summary["failed"] == 0 and report["complete"] else "FAIL"
@@ -48,6 +66,7 @@ def render(report):
     unrun = [area for area in SUITES.get(report["suite"], ()) if area not in report["areas"]]
     if unrun:
         lines += ["", f"No check ran in: {', '.join(f'`{area}`' for area in unrun)}."]
+    lines += _reference_sources(report["results"])
     coverage = report["coverage"]["interface"]
     if "interface" in SUITES.get(report["suite"], ("interface", )):
         lines += ["", f"Interface coverage: {coverage['checked']}/{coverage['total']} DeepSpeedAccelerator methods "

@@ -213,3 +213,16 @@ def test_parse_tpu_info():
 │ /dev/accel1 │ TPU v4 chip │ 1       │ None   │
 └─────────────┴─────────────┴─────────┴────────┘"""
     assert environment.parse_tpu_info(text) == (2, "TPU v4 chip")
+
+
+def test_report_says_where_reference_curves_came_from(tmp_path):
+    curve = {"reference": [0.9, 0.7], "candidate": [0.9, 0.7]}
+    stored = dict(curve, reference_source="stored", reference_file="fixtures/references/cpu/zero/a.json")
+    stale = dict(curve, reference_source="live", reference_file="fixtures/references/cpu/zero/b.json",
+                 reference_note="computed live: deepspeed is 0.19.9, recorded with 0.19.8")
+    write_parts(tmp_path, [result("conformance/test_zero_equivalence.py::test_a", "passed", evidence=stored),
+                           result("conformance/test_zero_equivalence.py::test_b", "passed", evidence=stale)])
+    finish(tmp_path, child_rc=0, suite="zero")
+    markdown = (tmp_path / "report.md").read_text()
+    assert ("CPU reference curves: 1 stored (fixtures/references/, recorded for this torch and DeepSpeed), "
+            "1 trained live in this run. 1 stored curve(s) could not be used") in markdown, markdown

@@ -47,7 +47,8 @@ CAUGHT = {
 
 
 def run_suite(tmp_path, suite, candidate=None, selection=None):
-    args = ["--suite", suite]
+    # the committed CPU curves (tests/test_harness_references.py keeps them fresh and reproducible)
+    args = ["--suite", suite, "--reference", "stored"]
     if candidate:
         args += ["--candidate", f"{CANDIDATES}/{candidate}"]
     if selection:
@@ -67,6 +68,8 @@ def test_reference_candidate_passes(tmp_path, run):
         f"deepspeed_xla, {run}: exit {status}, {summary}; failed {sorted(failed_ids(report))}")
     curves = [r["evidence"] for r in report["results"] if "reference" in r["evidence"]]
     assert all(e["max_rel_err"] <= e["rtol"] for e in curves), "a passed curve check is outside its tolerance"
+    live = [e["reference_note"] for e in curves if e.get("reference_source") == "live"]
+    assert not live, f"stored CPU references were asked for, yet trained live: {live}"
 
 
 @pytest.mark.timeout(1200)
