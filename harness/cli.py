@@ -1,5 +1,5 @@
 """`python -m harness run --backend {cpu,tpu} --candidate SPEC --suite NAME --out DIR`
-`python -m harness references [--area AREA] [-k TEXT]`: record the stored CPU reference curves
+`python -m harness references [--area AREA] [-k TEXT] [--out DIR]`: record the stored CPU reference curves
 
 Exit status: 0 when nothing failed unexpectedly, 1 on unexpected failures (or a run that
 did not complete), 2 on bad usage, with a one-line reason. The checks run in a child
@@ -55,8 +55,8 @@ def _parser():
                                  f"({references.REFERENCES.relative_to(REPO)}/)")
     record.add_argument("--area", choices=training.training_areas(), help="only this area's cases (default: all)")
     record.add_argument("-k", dest="select", default="", help="only cases whose id contains this text")
-    record.add_argument("--dir", default=str(references.REFERENCES),
-                        help="where to store them (default: the ones the harness reads)")
+    record.add_argument("--out", default=str(references.REFERENCES),
+                        help="where to store them (default: where `run --reference stored` reads them)")
     return parser
 
 
@@ -177,12 +177,12 @@ def record_references(args):
              for case in training.training_cases(area) if args.select in case.id]
     if not cases:
         raise UsageError(f"no training case id contains {args.select!r} (fixtures/training_cases.toml)")
-    print(f"harness: recording the CPU reference curves of {len(cases)} training case(s) -> {args.dir}", flush=True)
+    print(f"harness: recording the CPU reference curves of {len(cases)} training case(s) -> {args.out}", flush=True)
     recorded = []
     say = lambda line: print(f"harness: {line}", flush=True)  # noqa: E731
     try:
         with tempfile.TemporaryDirectory(prefix="harness-references-") as workdir:
-            failed = references.regenerate(cases, workdir, root=args.dir, say=say, recorded=recorded)
+            failed = references.regenerate(cases, workdir, root=args.out, say=say, recorded=recorded)
     except KeyboardInterrupt:  # each curve is written as it is trained: the finished ones stay
         say(f"interrupted: {len(recorded)} of {len(cases)} recorded")
         return 130

@@ -146,7 +146,7 @@ def regenerate(cases, workdir, root=REFERENCES, say=print, recorded=None):
             run = case.run(None, Path(workdir) / case.area / case.id)
         except TrainingFailed as err:  # name it, keep recording the others
             failed.append(case)
-            say(f"{case.area}/{case.id}: FAILED, nothing recorded: {str(err).splitlines()[0]}")
+            say(f"{case.area}/{case.id}: FAILED, nothing recorded: {err}")
             continue
         path = record(case, run.losses, root)
         recorded.append(case)

@@ -2,6 +2,7 @@
 installed stack, and it is what the CPU accelerator trains today; a stale or damaged one is
 named and replaced by a live run; `python -m harness references` records them."""
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -91,13 +92,24 @@ def _assert_matches_committed(losses, how):
     assert comparison["ok"], f"{how}, {CHEAP.id} differs from fixtures/references: {comparison}"
 
 
+def test_case_that_fails_to_train_is_named_and_nothing_recorded(tmp_path):
+    broken = dataclasses.replace(CHEAP, id="missing-config", config="configs/no_such_config.json")
+    lines = []
+    failed = references.regenerate([CHEAP, broken], tmp_path / "work", root=tmp_path, say=lines.append)
+    assert failed == [broken] and not references.path_for(broken, root=tmp_path).exists()
+    assert references.path_for(CHEAP, root=tmp_path).is_file(), "a failed case must not stop the others"
+    assert lines[1].startswith("zero/missing-config: FAILED, nothing recorded: train.py with no_such_config.json "
+                               "on 1 rank(s), the CPU reference, exited 1; log tail:"), lines[1]
+    assert "no_such_config.json" in lines[1].split("log tail:")[1], "the log tail says what went wrong"
+
+
 def _references_command(*args):
     return subprocess.run([sys.executable, "-m", "harness", "references", *args], cwd=REPO, capture_output=True,
                           text=True, timeout=600)
 
 
 def test_references_command_records_a_case(tmp_path):
-    proc = _references_command("-k", CHEAP.id, "--dir", str(tmp_path))
+    proc = _references_command("-k", CHEAP.id, "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     written = references.path_for(CHEAP, root=tmp_path)
     assert f"zero/{CHEAP.id}: 4 losses -> {written}; new" in proc.stdout, proc.stdout
