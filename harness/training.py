@@ -10,6 +10,7 @@ tolerance table in fixtures/tolerances.toml.
 import dataclasses
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -179,10 +180,24 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
         ending = (f"timed out after {timeout}s" if run.timed_out else
                   f"was killed by {signal.Signals(-run.returncode).name}" if run.returncode < 0 else
                   f"exited {run.returncode}" if run.returncode else "exited 0 without writing its losses")
+        error = last_error_line(run.log)
         raise TrainingFailed(f"{Path(script).name} with {Path(config).name} on {world_size} rank(s), {who}, "
-                             f"{ending}; log tail:\n{tail}")
+                             f"{ending}{f' ({error})' if error else ''}; log tail:\n{tail}")
     result = json.loads(losses_file.read_text())
     return TrainingRun(losses=result["losses"], device=result["device"], log=run.log)
+
+
+_ERROR_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?((?:[\w.]+\.)?\w*(?:Error|Exception|Interrupt)\b.*)$")
+
+
+def last_error_line(log):
+    """The last `SomeError: message` line of a log (rank prefixes dropped, cut to 300 characters),
+    so the first line of a failure says what went wrong; None when there is none."""
+    for line in reversed(log.splitlines()):
+        match = _ERROR_LINE.match(line.strip())
+        if match:
+            return match.group(1)[:300]
+    return None
 
 
 def tolerance(precision):

@@ -98,9 +98,10 @@ def test_case_that_fails_to_train_is_named_and_nothing_recorded(tmp_path):
     failed = references.regenerate([CHEAP, broken], tmp_path / "work", root=tmp_path, say=lines.append)
     assert failed == [broken] and not references.path_for(broken, root=tmp_path).exists()
     assert references.path_for(CHEAP, root=tmp_path).is_file(), "a failed case must not stop the others"
-    assert lines[1].startswith("zero/missing-config: FAILED, nothing recorded: train.py with no_such_config.json "
-                               "on 1 rank(s), the CPU reference, exited 1; log tail:"), lines[1]
-    assert "no_such_config.json" in lines[1].split("log tail:")[1], "the log tail says what went wrong"
+    first = lines[1].splitlines()[0]
+    assert first.startswith("zero/missing-config: FAILED, nothing recorded: train.py with no_such_config.json "
+                            "on 1 rank(s), the CPU reference, exited 1 (") and first.endswith("; log tail:"), first
+    assert "no_such_config.json" in first.split("exited 1")[1], f"the first line must say what went wrong: {first}"
 
 
 def _references_command(*args):
