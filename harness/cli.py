@@ -184,9 +184,9 @@ def record_references(args):
         with tempfile.TemporaryDirectory(prefix="harness-references-") as workdir:
             failed = references.regenerate(cases, workdir, root=args.out, say=say, recorded=recorded)
     except KeyboardInterrupt:  # each curve is written as it is trained: the finished ones stay
-        say(f"interrupted: {len(recorded)} of {len(cases)} recorded")
+        say(f"interrupted: {len(recorded)} of {len(cases)} trained (their curves are written)")
         return 130
-    say(f"{len(recorded)} recorded, {len(failed)} failed")
+    say(f"{len(recorded)} trained, {len(failed)} failed")
     return 1 if failed else 0
 
 

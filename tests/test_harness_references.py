@@ -92,16 +92,22 @@ def _assert_matches_committed(losses, how):
     assert comparison["ok"], f"{how}, {CHEAP.id} differs from fixtures/references: {comparison}"
 
 
-def test_case_that_fails_to_train_is_named_and_nothing_recorded(tmp_path):
+def test_regenerating_names_a_failed_case_and_leaves_an_unchanged_curve_alone(tmp_path):
     broken = dataclasses.replace(CHEAP, id="missing-config", config="configs/no_such_config.json")
+    committed = references.path_for(CHEAP)
+    kept = references.path_for(CHEAP, root=tmp_path)
+    kept.parent.mkdir(parents=True)
+    kept.write_bytes(committed.read_bytes())
     lines = []
-    failed = references.regenerate([CHEAP, broken], tmp_path / "work", root=tmp_path, say=lines.append)
+    failed = references.regenerate([broken, CHEAP], tmp_path / "work", root=tmp_path, say=lines.append)
     assert failed == [broken] and not references.path_for(broken, root=tmp_path).exists()
-    assert references.path_for(CHEAP, root=tmp_path).is_file(), "a failed case must not stop the others"
-    first = lines[1].splitlines()[0]
+    first = lines[0].splitlines()[0]
     assert first.startswith("zero/missing-config: FAILED, nothing recorded: train.py with no_such_config.json "
                             "on 1 rank(s), the CPU reference, exited 1 (") and first.endswith("; log tail:"), first
     assert "no_such_config.json" in first.split("exited 1")[1], f"the first line must say what went wrong: {first}"
+    # the failure did not stop the next case, whose curve trained the same and was not rewritten
+    assert lines[1] == f"zero/{CHEAP.id}: unchanged ({kept})", lines[1]
+    assert kept.read_bytes() == committed.read_bytes()
 
 
 def _references_command(*args):
@@ -114,7 +120,7 @@ def test_references_command_records_a_case(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     written = references.path_for(CHEAP, root=tmp_path)
     assert f"zero/{CHEAP.id}: 4 losses -> {written}; new" in proc.stdout, proc.stdout
-    assert "harness: 1 recorded, 0 failed" in proc.stdout, proc.stdout
+    assert "harness: 1 trained, 0 failed" in proc.stdout, proc.stdout
     stored, reasons = references.load(CHEAP, root=tmp_path)
     assert reasons == [] and stored["recorded_on"]["machine"]
     _assert_matches_committed(stored["losses"], "recorded again")
