@@ -42,8 +42,11 @@ def _reference_sources(results):
     if counts["live"]:
         parts.append(f"{counts['live']} trained live in this run")
     unused = sum(1 for e in evidence if e.get("reference_note"))
+    drifts = [e["stored_max_rel_diff"] for e in evidence if e.get("stored_max_rel_diff") is not None]
     return ["", f"CPU reference curves: {', '.join(parts)}."
-            + (f" {unused} stored curve(s) could not be used; each check's evidence says why." if unused else "")]
+            + (f" {unused} stored curve(s) could not be used; each check's evidence says why." if unused else "")
+            + (f" The {len(drifts)} trained here differ from their stored curves by at most {max(drifts):.2g} "
+               "relative." if drifts else "")]
 
 
 def render(report):

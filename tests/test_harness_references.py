@@ -79,11 +79,14 @@ def test_stale_stored_curve_is_trained_live(tmp_path):
     _assert_matches_committed(reference.losses, "trained live")
 
 
-def test_live_mode_ignores_stored_curves(tmp_path):
+def test_live_mode_trains_and_measures_the_stored_curve(tmp_path):
     references.record(CHEAP, [3.0, 2.0, 1.5, 1.25], root=tmp_path)
     reference = references.reference_for(CHEAP, "live", tmp_path / "work", root=tmp_path)
     assert reference.source == "live" and reference.note == ""
     _assert_matches_committed(reference.losses, "trained live")
+    # the made-up stored curve is far from what CPU training gives: the evidence says by how much
+    expected = compare_losses([3.0, 2.0, 1.5, 1.25], reference.losses, CHEAP.precision)["max_rel_err"]
+    assert reference.evidence()["stored_max_rel_diff"] == expected > 1, reference.evidence()
 
 
 def _assert_matches_committed(losses, how):

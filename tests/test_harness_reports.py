@@ -220,9 +220,13 @@ def test_report_says_where_reference_curves_came_from(tmp_path):
     stored = dict(curve, reference_source="stored", reference_file="fixtures/references/cpu/zero/a.json")
     stale = dict(curve, reference_source="live", reference_file="fixtures/references/cpu/zero/b.json",
                  reference_note="computed live: deepspeed is 0.19.9, recorded with 0.19.8")
+    live = dict(curve, reference_source="live", reference_file="fixtures/references/cpu/zero/c.json",
+                stored_max_rel_diff=2.5e-8)
     write_parts(tmp_path, [result("conformance/test_zero_equivalence.py::test_a", "passed", evidence=stored),
-                           result("conformance/test_zero_equivalence.py::test_b", "passed", evidence=stale)])
+                           result("conformance/test_zero_equivalence.py::test_b", "passed", evidence=stale),
+                           result("conformance/test_zero_equivalence.py::test_c", "passed", evidence=live)])
     finish(tmp_path, child_rc=0, suite="zero")
     markdown = (tmp_path / "report.md").read_text()
     assert ("CPU reference curves: 1 stored (fixtures/references/, recorded for this torch and DeepSpeed), "
-            "1 trained live in this run. 1 stored curve(s) could not be used") in markdown, markdown
+            "2 trained live in this run. 1 stored curve(s) could not be used; each check's evidence says why. "
+            "The 1 trained here differ from their stored curves by at most 2.5e-08 relative.") in markdown, markdown
