@@ -19,7 +19,7 @@ import os
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
-from . import runtime, xla_op_fixes
+from . import param_identity, runtime, xla_op_fixes
 from .comm import BACKEND_NAME, register_backend
 from .rng import XlaGenerator
 from .streams import Event, Stream
@@ -61,6 +61,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         self._ranges = []
         register_backend()
         xla_op_fixes.install()
+        param_identity.install()
 
     # Synchronisation model (module docstring explains the choice)
     def is_synchronized_device(self):
@@ -112,8 +113,9 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         return f"xla:{self._ordinal(device_index)}"
 
     def device(self, device_index=None):
-        # XLA has no "current device" to switch: the context only names the device.
-        return contextlib.nullcontext(runtime.torch_device(self._ordinal(device_index)))
+        # As CUDA's accelerator: a torch.device. DeepSpeed uses it as engine.device (local rank -1),
+        # as init_process_group's device_id, and as a context (default device for factories).
+        return runtime.torch_device(self._ordinal(device_index))
 
     def set_device(self, device_index):
         self._current_ordinal = self._ordinal(device_index)

@@ -1,0 +1,102 @@
+"""Parameters keep their identity when a module moves to or from an XLA device.
+
+DeepSpeed, like most PyTorch code, assumes that `module.to(device)` changes where a
+module's parameters live but not which `Parameter` objects they are: the list passed as
+`model_parameters`, the param groups of a client optimizer, an LR scheduler bound to that
+optimizer, and weights tied between two modules all hold the objects made on the CPU.
+On CUDA that holds, because `Module._apply` moves a parameter in place (`param.data =
+moved`). CPU and XLA tensors have different tensor implementations, which `.data =`
+cannot exchange, so for a move to XLA `Module._apply` builds a *new* Parameter instead:
+everything that held the old one now holds a stale CPU tensor (ZeRO-0 silently trains
+nothing, ZeRO-1/2 fail with `KeyError: Parameter`, ZeRO-3 with a missing
+`partition_numel`, tied weights drift apart).
+
+The mechanism: `install()` wraps `torch.nn.Module._apply` once per process. After the
+original has run for a module, every parameter it replaced in a move that involves an
+XLA device gets its old object back, now holding the moved tensor: the two objects
+exchange their tensor implementations (`torch._C._swap_tensor_impl`, the step under
+`torch.utils.swap_tensors` that PyTorch's own opt-in
+`torch.__future__.set_swap_module_params_on_conversion` uses). Unlike that opt-in, the
+Python object keeps its attributes (`ds_*`, MoE `allreduce`/`group_name` marks, ...) and
+its weak references (DeepSpeed keeps some), exactly as `.data =` would on CUDA. Moves
+that do not involve XLA, and processes that opted into either of torch's
+`torch.__future__` conversion flags, are left to PyTorch.
+
+Limits: a parameter whose tensor is still referenced from elsewhere in C++ (a view of
+it, an autograd graph built on the CPU and not yet run backward) cannot be exchanged
+safely; it keeps PyTorch's behaviour (a new Parameter) and a warning names it.
+"""
+
+import functools
+import warnings
+
+import torch
+
+_original_apply = None
+
+
+def install():
+    """Wrap `torch.nn.Module._apply` so XLA moves keep parameter identity (idempotent)."""
+    global _original_apply
+    if _original_apply is not None:
+        return
+    _original_apply = torch.nn.Module._apply
+
+    @functools.wraps(_original_apply)
+    def _apply(module, fn, recurse=True):
+        before = dict(module._parameters)
+        result = _original_apply(module, fn, recurse)
+        restore_identity(module, before)
+        return result
+
+    torch.nn.Module._apply = _apply
+
+
+def installed():
+    return _original_apply is not None
+
+
+def _involves_xla(old, new):
+    return old.device.type == "xla" or new.device.type == "xla"
+
+
+def _torch_handles_identity():
+    return (torch.__future__.get_swap_module_params_on_conversion()
+            or torch.__future__.get_overwrite_module_params_on_conversion())
+
+
+def _exchangeable(tensor):
+    """True when only the Python object (and at most the AccumulateGrad node of a leaf)
+    refers to the tensor implementation, the condition `torch.utils.swap_tensors` sets."""
+    count = tensor._use_count()
+    if count == 1:
+        return True
+    if count == 2 and tensor.is_leaf and tensor.requires_grad:
+        torch.autograd.graph.get_gradient_edge(tensor)  # the node itself holds the second reference
+        return tensor._use_count() == 2
+    return False
+
+
+def restore_identity(module, before):
+    """Give back to `module` the Parameter objects of `before` ({name: parameter}, its
+    `_parameters` before a conversion) that the conversion replaced in a move to or from
+    XLA, each now holding its moved tensor. Returns the names restored."""
+    if _torch_handles_identity():
+        return []
+    restored = []
+    for name, old in before.items():
+        new = module._parameters.get(name)
+        if old is None or new is None or new is old or not isinstance(new, torch.nn.Parameter):
+            continue
+        if not _involves_xla(old, new):
+            continue
+        if not (_exchangeable(old) and _exchangeable(new)):
+            warnings.warn(f"deepspeed_xla: {type(module).__name__}.{name} moved to {new.device} as a new Parameter "
+                          "object, because another tensor still refers to the old one (a view of it, or an autograd "
+                          "graph not run backward yet); optimizers and lists made before the move still hold the "
+                          "old one. Move the model before taking views of its parameters.", stacklevel=3)
+            continue
+        torch._C._swap_tensor_impl(old, new)
+        module._parameters[name] = old
+        restored.append(name)
+    return restored
