@@ -8,8 +8,17 @@ XLA compiles whole graphs from torch ops, so there is nothing to build:
 2. Host-side kernels (CPU Adam/Adagrad/Lion for optimizer offload, async I/O, pinned
    memory) work on host tensors: DeepSpeed's own CPU builders serve them unchanged.
 3. Everything else (CUDA-only kernels: transformer inference, quantizers, ...) gets a
-   builder that reports itself incompatible and whose load() says why, by name.
+   builder that reports itself incompatible and whose load() says why, by name. It keeps
+   the op name DeepSpeed's own builder has ("transformer", "quantizer", ...).
+
+DeepSpeed lists the ops of an accelerator (`deepspeed.ops.__compatible_ops__`, `ds_report`)
+from the builder classes in the modules of `op_builder_dir()`: `registry.py` holds one for
+every builder DeepSpeed knows.
 """
+
+import importlib
+import os
+import pkgutil
 
 from deepspeed.ops.op_builder.builder import OpBuilder
 
@@ -77,6 +86,35 @@ class NotAvailableOnXlaBuilder(OpBuilder):
 
 _TORCH_NATIVE = {cls.__name__: cls for cls in (FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder)}
 _HOST_SIDE = ("CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder", "AsyncIOBuilder", "PinMemoryBuilder")
+_NOT_AVAILABLE = {}
+
+
+def deepspeed_builder_classes():
+    """{class name: class} of the op builders DeepSpeed itself defines (the modules of its
+    `deepspeed/ops/op_builder/`, not its accelerator-specific subpackages)."""
+    import deepspeed.ops.op_builder as package
+    found = {}
+    for info in pkgutil.iter_modules([os.path.dirname(package.__file__)]):
+        if info.ispkg or info.name in ("all_ops", "builder"):
+            continue
+        module = importlib.import_module(f"{package.__name__}.{info.name}")
+        for name, value in vars(module).items():
+            if (name.endswith("Builder") and isinstance(value, type) and issubclass(value, OpBuilder)
+                    and value.__module__ == module.__name__ and getattr(value, "NAME", None)):
+                found[name] = value
+    return found
+
+
+def builder_class_names():
+    """Every builder class name DeepSpeed may ask for: its own builders and the host-side ones."""
+    return sorted({*deepspeed_builder_classes(), *_HOST_SIDE, *_TORCH_NATIVE})
+
+
+def _op_name(class_name):
+    own = deepspeed_builder_classes().get(class_name)
+    if own is not None:
+        return own.NAME
+    return class_name[:-len("Builder")] if class_name.endswith("Builder") else class_name
 
 
 def get_builder_class(class_name):
@@ -86,5 +124,6 @@ def get_builder_class(class_name):
     if class_name in _HOST_SIDE:
         from deepspeed.ops.op_builder import cpu
         return getattr(cpu, class_name)
-    op_name = class_name[:-len("Builder")] if class_name.endswith("Builder") else class_name
-    return type(class_name, (NotAvailableOnXlaBuilder, ), {"NAME": op_name})
+    if class_name not in _NOT_AVAILABLE:
+        _NOT_AVAILABLE[class_name] = type(class_name, (NotAvailableOnXlaBuilder, ), {"NAME": _op_name(class_name)})
+    return _NOT_AVAILABLE[class_name]
