@@ -28,7 +28,14 @@ def _install_accelerator(module):
     module.set_accelerator(XLA_Accelerator())
 
 
+def _install_backward_guard(module):
+    from . import backward_guard
+    backward_guard.install()
+
+
 _HOOK = PostImportHook(REAL_ACCELERATOR, _install_accelerator)
+# A backward pass before DeepSpeed loads must not leave XLA without autograd queues (backward_guard.py).
+_AUTOGRAD_HOOK = PostImportHook("torch.autograd.variable", _install_backward_guard)
 
 
 def install():
@@ -39,4 +46,5 @@ def install():
         raise RuntimeError("deepspeed_xla: DeepSpeed was imported before the XLA accelerator could be installed, "
                            "and its op builders are bound to the accelerator it chose then. Set DS_ACCELERATOR=xla, "
                            "or call deepspeed_xla.activate() before importing deepspeed.")
+    arm(_AUTOGRAD_HOOK)
     arm(_HOOK)

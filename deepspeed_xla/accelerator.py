@@ -19,7 +19,7 @@ import os
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
-from . import param_identity, runtime, xla_op_fixes
+from . import backward_guard, bucket_sizes, param_identity, runtime, xla_op_fixes
 from .comm import BACKEND_NAME, register_backend
 from .rng import XlaGenerator
 from .streams import Event, Stream
@@ -62,6 +62,8 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         register_backend()
         xla_op_fixes.install()
         param_identity.install()
+        backward_guard.install()
+        bucket_sizes.arm()
 
     # Synchronisation model (module docstring explains the choice)
     def is_synchronized_device(self):

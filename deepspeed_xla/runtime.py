@@ -55,6 +55,11 @@ def is_initialized():
     return torch_xla._XLAC._xla_runtime_is_initialized()
 
 
+def start():
+    """Start this process's XLA runtime (a no-op once started); it then owns its devices."""
+    torch_xla.device()
+
+
 def torch_device(ordinal=None):
     """The torch.device of a local XLA ordinal; None means the process default."""
     if ordinal is None:
