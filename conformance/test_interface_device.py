@@ -43,9 +43,50 @@ def test_device_name__usable_by_torch(accel):
 @pytest.mark.parametrize("form", INDEX_FORMS)
 def test_device(accel, form):
     index = INDEX_FORMS[form](0)
-    with accel.device(index):
+    device = accel.device(index)
+    # DeepSpeed assigns device() to engine.device (local rank -1) and passes it to
+    # init_process_group(device_id=...): CUDA's accelerator returns a torch.device.
+    assert isinstance(device, torch.device) and device.type == "xla", (
+        f"device({index!r}) returned {device!r} ({type(device).__name__}); DeepSpeed uses it as a torch.device "
+        "(engine.device, init_process_group's device_id), as CUDA's accelerator returns")
+    assert torch.zeros(2).to(device).device.type == "xla", f"a tensor moved to device({index!r}) is not on XLA"
+    with device:  # activation checkpointing also enters it as a context
         tensor = torch.ones(2, device=accel.device_name(index)) * 3
     assert host(tensor).tolist() == [3.0, 3.0], f"work inside `with device({index!r})` computed {host(tensor)}"
+
+
+class _TiedModel(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(5, 3)
+        self.head = torch.nn.Linear(3, 5, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def test_device_name__module_move_keeps_parameter_identity(accel):
+    # DeepSpeed's engine moves the user's model with module.to(device_name(local_rank)) after the user
+    # made parameter lists, param groups and optimizers from it; on CUDA they still name the moved
+    # parameters, and DeepSpeed relies on it (ZeRO-1/2 look parameters up by object).
+    model = _TiedModel()
+    before = list(model.parameters())
+    values = [p.detach().clone() for p in before]
+    optimizer = torch.optim.SGD(before, lr=0.1)
+    model.to(accel.device_name(0))
+    after = list(model.parameters())
+    problems = []
+    if [id(p) for p in after] != [id(p) for p in before]:
+        problems.append("the module holds new Parameter objects after the move, so lists and optimizers made "
+                        "before it hold stale CPU copies")
+    if model.head.weight is not model.embed.weight:
+        problems.append("the tied weight became two Parameters (head and embedding drift apart)")
+    stale = [tuple(p.shape) for p in optimizer.param_groups[0]["params"] if p.device.type != "xla"]
+    if stale:
+        problems.append(f"the optimizer made before the move still holds CPU parameters of shapes {stale}")
+    moved = [p for p in after if p.device.type == "xla"]
+    if len(moved) != len(after) or any(not torch.equal(host(p), v) for p, v in zip(after, values)):
+        problems.append("the parameters are not on XLA with their values after the move")
+    assert not problems, "module.to(device_name(0)): " + "; ".join(problems)
 
 
 @pytest.mark.parametrize("form", INDEX_FORMS)

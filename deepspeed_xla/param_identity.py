@@ -52,8 +52,12 @@ def install():
     torch.nn.Module._apply = _apply
 
 
-def installed():
-    return _original_apply is not None
+def uninstall():
+    """Put PyTorch's own `Module._apply` back (for tests and for candidates built without this)."""
+    global _original_apply
+    if _original_apply is not None:
+        torch.nn.Module._apply = _original_apply
+        _original_apply = None
 
 
 def _involves_xla(old, new):

@@ -7,7 +7,7 @@ Every area is a suite of its own; `all` runs every area. A new area only needs a
 
 from pathlib import Path
 
-AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph")
+AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts")
 SUITES = {**{area: (area, ) for area in AREAS}, "all": AREAS}
 
 CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
