@@ -1,0 +1,116 @@
+"""Parameters keep their identity when a module moves to or from XLA (deepspeed_xla.param_identity),
+on a real PJRT CPU device: what every list, optimizer and tied weight made before
+`deepspeed.initialize` relies on. Without the mechanism, each check here fails (see
+test_without_it_pytorch_replaces_parameters)."""
+
+import gc
+import warnings
+import weakref
+
+import pytest
+import torch
+import torch_xla
+
+from deepspeed_xla import param_identity
+
+XLA = torch_xla.device()
+
+
+@pytest.fixture(autouse=True)
+def installed():
+    param_identity.install()
+    yield
+    param_identity.install()
+
+
+class Tied(torch.nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(6, 4)
+        self.body = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 6, bias=False)
+        self.head.weight = self.embed.weight
+
+
+def _snapshot(model):
+    return [(p, p.detach().clone()) for p in model.parameters()]
+
+
+def test_move_to_xla_keeps_objects_values_and_ties():
+    torch.manual_seed(0)
+    model = Tied()
+    before = _snapshot(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model.to(XLA)
+    after = list(model.parameters())
+    assert [id(p) for p in after] == [id(p) for p, _ in before], "the module holds new Parameter objects"
+    assert model.head.weight is model.embed.weight, "the tied weight came apart"
+    assert all(p.device.type == "xla" for p in after)
+    assert all(torch.equal(p.cpu(), value) for p, value in before), "values changed in the move"
+    assert all(p.device.type == "xla" for p in optimizer.param_groups[0]["params"])
+
+
+def test_the_optimizer_made_before_the_move_trains_the_moved_model():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    model.to(XLA)
+    start = model.weight.detach().cpu().clone()
+    model(torch.ones(2, 3, device=XLA)).sum().backward()
+    optimizer.step()
+    assert not torch.equal(model.weight.detach().cpu(), start), "the optimizer updated a stale copy, not the model"
+
+
+def test_attributes_weakrefs_and_grads_stay_with_the_object():
+    model = torch.nn.Linear(2, 2)
+    model.weight.ds_marker = "kept"  # DeepSpeed and MoE mark parameters with attributes
+    finalized = []
+    weakref.finalize(model.weight, finalized.append, True)  # DeepSpeed keeps such finalizers on parameters
+    model(torch.ones(1, 2)).sum().backward()
+    grad = model.weight.grad.clone()
+    weight = model.weight
+    model.to(XLA)
+    assert model.weight is weight and weight.ds_marker == "kept"
+    assert weight.grad is not None and weight.grad.device.type == "xla" and torch.equal(weight.grad.cpu(), grad)
+    gc.collect()
+    assert not finalized, "the finalizer ran: the old object was treated as dead"
+
+
+def test_back_to_cpu_keeps_identity_too():
+    model = torch.nn.Linear(2, 2).to(XLA)
+    weight = model.weight
+    model.to("cpu")
+    assert model.weight is weight and weight.device.type == "cpu"
+
+
+def test_moves_without_xla_are_left_to_pytorch():
+    model = torch.nn.Linear(2, 2)
+    weight = model.weight
+    model.to(torch.float64)
+    assert model.weight is weight and weight.dtype == torch.float64  # PyTorch's own in-place `.data =`
+
+
+def test_a_parameter_with_a_live_view_moves_as_pytorch_does_with_a_warning():
+    model = torch.nn.Linear(2, 2)
+    weight = model.weight
+    view = weight[0]  # noqa: F841  (the view keeps a second reference to the tensor)
+    with pytest.warns(UserWarning, match="Linear.weight moved to xla:0 as a new Parameter"):
+        model.to(XLA)
+    assert model.weight is not weight and model.weight.device.type == "xla"
+
+
+def test_torch_swap_flag_is_left_to_pytorch(monkeypatch):
+    monkeypatch.setattr(torch.__future__, "get_swap_module_params_on_conversion", lambda: True)
+    assert param_identity.restore_identity(torch.nn.Linear(1, 1), {}) == []
+
+
+def test_without_it_pytorch_replaces_parameters():
+    param_identity.uninstall()
+    model = Tied()
+    weight = model.embed.weight
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        model.to(XLA)
+    assert model.embed.weight is not weight, "PyTorch now keeps identity itself: param_identity may be obsolete"
+    assert model.head.weight is not model.embed.weight

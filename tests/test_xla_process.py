@@ -1,0 +1,74 @@
+"""What a DS_ACCELERATOR=xla process gets beyond the accelerator's methods, each in a fresh
+interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
+backward pass before training does not break XLA's autograd, and ZeRO's bucket sizes stay
+within the model."""
+
+import textwrap
+
+import pytest
+
+from deepspeed_xla.bucket_sizes import bounded
+from test_activation import last_json, run_python
+
+
+def test_op_registry_lists_every_deepspeed_op_with_its_compatibility():
+    code = textwrap.dedent("""
+        import json
+        import deepspeed.ops
+        from deepspeed_xla.op_builder import deepspeed_builder_classes
+        names = sorted({cls.NAME for cls in deepspeed_builder_classes().values()})
+        print(json.dumps({"ops": deepspeed.ops.__compatible_ops__, "deepspeed_names": names}))
+    """)
+    result = last_json(run_python(code, "xla"))
+    ops = result["ops"]
+    missing = [name for name in result["deepspeed_names"] if name not in ops]
+    assert not missing, f"__compatible_ops__ lacks DeepSpeed ops {missing}"
+    wrong = {name: ops.get(name) for name, want in {
+        "fused_adam": True, "fused_lamb": True, "fused_lion": True, "cpu_adam": True, "cpu_adagrad": True,
+        "cpu_lion": True, "transformer": False, "transformer_inference": False, "quantizer": False}.items()
+        if ops.get(name) is not want}
+    assert not wrong, f"__compatible_ops__ under XLA has the wrong compatibility for {wrong}"
+
+
+def test_ds_report_lists_the_ops():
+    proc = run_python("from deepspeed.env_report import main; main()", "xla")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("fused_adam", "cpu_adam", "transformer_inference"):
+        assert any(line.startswith(f"{name} .") for line in proc.stdout.splitlines()), f"ds_report does not list {name}"
+
+
+@pytest.mark.parametrize("when", ["before-deepspeed-import", "after-deepspeed-import"])
+def test_a_cpu_backward_first_leaves_xla_backward_working(when):
+    cpu_backward = "probe = torch.nn.Linear(2, 1); probe(torch.ones(1, 2)).sum().backward()\n"
+    code = ("import json, torch\n" + (cpu_backward if when == "before-deepspeed-import" else "") +
+            "import deepspeed, torch_xla\n"
+            "started = torch_xla._XLAC._xla_runtime_is_initialized()\n" +
+            (cpu_backward if when == "after-deepspeed-import" else "") +
+            "w = torch.ones(3, device=torch_xla.device(), requires_grad=True)\n"
+            "(w * 2).sum().backward()\n"
+            "print(json.dumps({'grad': w.grad.cpu().tolist(), 'started_by_import': started}))\n")
+    result = last_json(run_python(code, "xla"))
+    assert result["grad"] == [2.0, 2.0, 2.0]
+    if when == "after-deepspeed-import":
+        assert not result["started_by_import"], "importing DeepSpeed started the XLA runtime (the launcher parent does)"
+
+
+def test_zero_bucket_sizes_are_bounded_by_the_model():
+    code = textwrap.dedent("""
+        import json, os, torch, deepspeed
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29613")
+        model = torch.nn.Linear(10, 5)  # 55 parameters
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+            "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
+            "zero_optimization": {"stage": 2}})
+        print(json.dumps({"reduce": engine.zero_reduce_bucket_size(), "allgather": engine.zero_allgather_bucket_size(),
+                          "reduce_kept": engine.optimizer.reduce_bucket_size}))
+    """)
+    result = last_json(run_python(code, "xla"))
+    assert result == {"reduce": 56, "allgather": 56, "reduce_kept": 56}, result
+
+
+@pytest.mark.parametrize("configured, numel, expected", [(500_000_000, 55, 56), (500_000_000, 2_000, 2_000),
+                                                        (1_000, 2_000, 1_000), (10, 1, 2)])
+def test_bounded(configured, numel, expected):
+    assert bounded(configured, numel) == expected
