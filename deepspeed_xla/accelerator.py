@@ -19,7 +19,7 @@ import os
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
-from . import backward_guard, bucket_sizes, param_identity, runtime, xla_op_fixes
+from . import backward_guard, bucket_sizes, param_identity, runtime, xla_limits, xla_op_fixes
 from .comm import BACKEND_NAME, register_backend
 from .rng import XlaGenerator
 from .streams import Event, Stream
@@ -64,6 +64,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         param_identity.install()
         backward_guard.install()
         bucket_sizes.arm()
+        xla_limits.install()
 
     # Synchronisation model (module docstring explains the choice)
     def is_synchronized_device(self):
@@ -371,4 +372,5 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         supported = torch._dynamo.list_backends(exclude_tags=())
         if backend not in supported:
             raise ValueError(f"{backend} is not a torch.compile backend here; available: {supported}")
+        xla_limits.check_compile_backend(backend)
         self._compile_backend = backend

@@ -72,3 +72,49 @@ def test_zero_bucket_sizes_are_bounded_by_the_model():
                                                         (1_000, 2_000, 1_000), (10, 1, 2)])
 def test_bounded(configured, numel, expected):
     assert bounded(configured, numel) == expected
+
+
+TRAIN_ONE_STEP = textwrap.dedent("""
+    import os, torch, deepspeed
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29617")
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = torch.nn.Embedding(10, 3, sparse={sparse})
+        def forward(self, tokens):
+            return self.embed(tokens).pow(2).mean()
+    model = Model()
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={{
+        "train_micro_batch_size_per_gpu": 2, "optimizer": {{"type": "AdamW", "params": {{"lr": 0.1}}}}, {extra}}})
+    with torch.no_grad():
+        engine(torch.tensor([1, 2], device=engine.device))  # inference is fine either way
+    loss = engine(torch.tensor([1, 2], device=engine.device))
+    engine.backward(loss)
+    engine.step()
+    print("trained")
+""")
+
+
+@pytest.mark.parametrize("sparse", [True, False])
+def test_sparse_embedding_is_refused_in_one_line(sparse):
+    proc = run_python(TRAIN_ONE_STEP.format(sparse=sparse, extra=""), "xla")
+    if not sparse:
+        assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
+        return
+    assert proc.returncode != 0
+    assert ("UnsupportedOnXla: deepspeed_xla: Embedding(10, 3, sparse=True) cannot train on XLA, which has no sparse "
+            "gradients; build it with sparse=False") in proc.stderr, proc.stderr[-2000:]
+    assert "SparseXLA" not in proc.stderr, "the error came from inside torch_xla, not from the check"
+
+
+def test_fp16_config_is_refused_where_the_device_has_no_fp16():
+    proc = run_python(TRAIN_ONE_STEP.format(sparse=False, extra='"fp16": {"enabled": True}'), "xla")
+    assert proc.returncode != 0 and "ValueError: Type fp16 is not supported on your device." in proc.stderr, (
+        proc.stderr[-2000:])
+
+
+def test_compile_backends_that_cannot_compile_xla_tensors_are_refused():
+    from deepspeed_xla.xla_limits import UnsupportedOnXla, check_compile_backend
+    check_compile_backend("openxla")
+    with pytest.raises(UnsupportedOnXla, match="backend 'inductor' does not compile XLA tensors; use 'openxla'"):
+        check_compile_backend("inductor")
