@@ -26,12 +26,35 @@ def test_device_name__no_index(accel):
                            "from it, so it must be the bare device type 'xla'")
 
 
+def _lands_on(name, xla_device):
+    """None when a tensor created on device `name` lands on this process's device, else why not."""
+    try:
+        device = torch.zeros(1, device=torch.device(name)).device
+    except (RuntimeError, ValueError) as err:
+        return f"{name!r} is not a device this process can use ({type(err).__name__}: {str(err)[:120]})"
+    return None if device == xla_device else f"{name!r} puts tensors on {device}, not on {xla_device}"
+
+
+# DeepSpeed names a rank's device by its local rank (set_device(local_rank),
+# torch.device(device_name(local_rank))): in a launched rank, the local rank in every form must
+# name the one device the process owns. (Which device another index names is the candidate's
+# choice: a process with one visible TPU chip may map every index to it.)
 @pytest.mark.parametrize("form", INDEX_FORMS)
-@pytest.mark.parametrize("index", [0, 1])
-def test_device_name(accel, form, index):
-    name = accel.device_name(INDEX_FORMS[form](index))
-    assert name == f"xla:{index}", (f"device_name({INDEX_FORMS[form](index)!r}) returned {name!r}, expected "
-                                    f"'xla:{index}': the index must select the device, in every form DeepSpeed passes")
+@pytest.mark.parametrize("local_rank", [0, 1], ids=["rank0", "rank1"])
+def test_device_name(accel, xla_device, monkeypatch, form, local_rank):
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    index = INDEX_FORMS[form](local_rank)
+    name = accel.device_name(index)
+    problem = _lands_on(name, xla_device)
+    assert problem is None, (f"in a launched rank with LOCAL_RANK={local_rank}, device_name({index!r}) returned "
+                             f"{name!r}: {problem}; DeepSpeed puts the rank's tensors there")
+
+
+def test_device_name__outside_a_launched_rank(accel, xla_device, evidence):
+    name = accel.device_name(0)
+    evidence["device_name(1)"] = accel.device_name(1)  # information: the candidate's choice, DeepSpeed never asks
+    problem = _lands_on(name, xla_device)
+    assert problem is None, f"with no LOCAL_RANK (one process, one device), device_name(0) returned {name!r}: {problem}"
 
 
 def test_device_name__usable_by_torch(accel):
@@ -90,14 +113,17 @@ def test_device_name__module_move_keeps_parameter_identity(accel):
 
 
 @pytest.mark.parametrize("form", INDEX_FORMS)
-@pytest.mark.parametrize("index", [0, 1])
-def test_set_device(accel, restore_device, form, index):
-    accel.set_device(INDEX_FORMS[form](index))
-    assert accel.current_device() == index, (f"after set_device({INDEX_FORMS[form](index)!r}), current_device() "
-                                             f"returned {accel.current_device()!r}")
-    assert accel.current_device_name() == f"xla:{index}", (
-        f"after set_device({INDEX_FORMS[form](index)!r}), current_device_name() returned "
-        f"{accel.current_device_name()!r}")
+@pytest.mark.parametrize("local_rank", [0, 1], ids=["rank0", "rank1"])
+def test_set_device(accel, restore_device, xla_device, monkeypatch, form, local_rank):
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    index = INDEX_FORMS[form](local_rank)
+    accel.set_device(index)
+    current, name = accel.current_device(), accel.current_device_name()
+    problem = _lands_on(name, xla_device)
+    assert problem is None, (f"in a launched rank with LOCAL_RANK={local_rank}, after set_device({index!r}) "
+                             f"current_device_name() is {name!r}: {problem}")
+    assert accel.device_name(current) == name, (f"after set_device({index!r}), device_name(current_device()) = "
+                                                f"{accel.device_name(current)!r} but current_device_name() = {name!r}")
 
 
 def test_current_device(accel):
