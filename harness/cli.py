@@ -48,7 +48,7 @@ def _parser():
     run.add_argument("--workers", type=int, default=0, help="pytest-xdist worker processes (default 0: one process)")
     run.add_argument("--timeout", type=int, default=600, help="seconds one check may take (default 600)")
     run.add_argument("--reference", choices=references.MODES, default="live",
-                     help="CPU reference curves of the zero and pipeline cases: trained live in this run "
+                     help="CPU reference curves of the zero, pipeline and scripts cases: trained live in this run "
                           "(default), or stored in fixtures/references/ (used only where fresh for this stack)")
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments (e.g. -k)")
     record = commands.add_parser("references", help="train and store the CPU reference curve of every training case "
