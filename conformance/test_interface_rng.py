@@ -76,6 +76,15 @@ def test_manual_seed(accel, xla_device, evidence):
     assert first != other, "manual_seed with different seeds gave identical XLA draws: the seed is not used"
 
 
+def test_manual_seed__host_generator_untouched(accel):
+    # As torch.cuda.manual_seed: activation checkpointing seeds the device per model-parallel rank
+    # (model_parallel_cuda_manual_seed) and leaves host randomness alike on every rank.
+    host_state = torch.get_rng_state()
+    accel.manual_seed(99)
+    assert torch.equal(torch.get_rng_state(), host_state), (
+        "manual_seed changed the host (CPU) generator; DeepSpeed seeds only the device through it")
+
+
 def test_manual_seed_all(accel, xla_device):
     accel.manual_seed_all(77)
     first = _draws(xla_device)

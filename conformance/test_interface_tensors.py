@@ -18,9 +18,12 @@ def _check_type(accel, name, dtype, evidence):
                                             "all-reduces these on the accelerator, so they must be XLA tensors")
     assert from_data.dtype == dtype, f"{name}([1, 0, 1]) has dtype {from_data.dtype}, expected {dtype}"
     assert host(from_data).tolist() == [1, 0, 1], f"{name}([1, 0, 1]) holds {host(from_data).tolist()}"
-    sized = constructor(2, 3)
-    assert tuple(sized.shape) == (2, 3) and sized.device.type == "xla" and sized.dtype == dtype, (
-        f"{name}(2, 3) gave shape {tuple(sized.shape)} on {sized.device} ({sized.dtype})")
+    # Information only: DeepSpeed always passes data; the sized form (torch.cuda.FloatTensor(2, 3)) is
+    # the candidate's choice, and CUDA's own accelerator (a partial of torch.tensor) has none.
+    try:
+        evidence["sized_form_(2, 3)"] = str(tuple(constructor(2, 3).shape))
+    except (TypeError, RuntimeError) as err:
+        evidence["sized_form_(2, 3)"] = f"{type(err).__name__}: {err}"
 
 
 def test_FloatTensor(accel, evidence):

@@ -152,8 +152,8 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         return self.default_generator(device_index).get_state()
 
     def manual_seed(self, seed):
-        # torch.manual_seed does not reach the XLA generator: seed both.
-        torch.manual_seed(seed)
+        # The device's generator only, as torch.cuda.manual_seed: DeepSpeed seeds per model-parallel
+        # rank through this (activation checkpointing's RNG tracker) and expects the host RNG untouched.
         self.default_generator(None).manual_seed(seed)
 
     def manual_seed_all(self, seed):

@@ -1,5 +1,6 @@
 """`python -m harness run --backend {cpu,tpu} --candidate SPEC --suite NAME --out DIR`
 `python -m harness references [--area AREA] [-k TEXT] [--out DIR]`: record the stored CPU reference curves
+`python -m harness bench [--only NAME]`: the benchmarks in benchmarks/, each printing its ratios side by side
 
 Exit status: 0 when nothing failed unexpectedly, 1 on unexpected failures (or a run that
 did not complete), 2 on bad usage, with a one-line reason. The checks run in a child
@@ -57,7 +58,25 @@ def _parser():
     record.add_argument("-k", dest="select", default="", help="only cases whose id contains this text")
     record.add_argument("--out", default=str(references.REFERENCES),
                         help="where to store them (default: where `run --reference stored` reads them)")
+    bench = commands.add_parser("bench", help="run the benchmarks in benchmarks/ (ratios measured side by side)")
+    bench.add_argument("--only", choices=benchmark_names(), help="only this benchmark (default: all)")
     return parser
+
+
+BENCHMARKS = REPO / "benchmarks"
+
+
+def benchmark_names():
+    return sorted(path.stem for path in BENCHMARKS.glob("*.py") if not path.name.startswith("_"))
+
+
+def run_benchmarks(args):
+    """Each benchmark runs in a process of its own and prints its table; exit 1 if one misses its target."""
+    status = 0
+    for name in [args.only] if args.only else benchmark_names():
+        print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
+        status = max(status, subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py")], cwd=REPO).returncode)
+    return 1 if status else 0
 
 
 def _plan(args):
@@ -193,7 +212,8 @@ def record_references(args):
 def main(argv=None):
     try:
         args = _parser().parse_args(argv)
-        return run(args) if args.command == "run" else record_references(args)
+        commands = {"run": run, "references": record_references, "bench": run_benchmarks}
+        return commands[args.command](args)
     except UsageError as err:
         print(f"harness: error: {err}", file=sys.stderr)
         return 2
