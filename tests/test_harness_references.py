@@ -108,8 +108,9 @@ def test_regenerating_names_a_failed_case_and_leaves_an_unchanged_curve_alone(tm
     assert first.startswith("zero/missing-config: FAILED, nothing recorded: train.py with no_such_config.json "
                             "on 1 rank(s), the CPU reference, exited 1 (") and first.endswith("; log tail:"), first
     assert "no_such_config.json" in first.split("exited 1")[1], f"the first line must say what went wrong: {first}"
-    # the failure did not stop the next case, whose curve trained the same and was not rewritten
-    assert lines[1] == f"zero/{CHEAP.id}: unchanged ({kept})", lines[1]
+    # the failure did not stop the next case, whose curve trained the same (bit for bit, or within CPU
+    # rounding when this machine's CPU differs from the recording one) and was not rewritten
+    assert lines[1].startswith(f"zero/{CHEAP.id}: unchanged ({kept}"), lines[1]
     assert kept.read_bytes() == committed.read_bytes()
 
 
