@@ -8,7 +8,7 @@ capture and restore the XLA device's draws, not the host's.
 import pytest
 import torch
 
-from conformance_helpers import INDEX_FORMS, host
+from conformance_helpers import INDEX_FORMS, host, materialise
 
 pytestmark = pytest.mark.area("interface")
 
@@ -39,6 +39,24 @@ def test_set_rng_state(accel, xla_device, form):
     accel.set_rng_state(state, index)
     assert _draws(xla_device) == first, (f"set_rng_state(state, {index!r}) did not return the XLA generator to the "
                                          "state taken by get_rng_state")
+
+
+def _next_step_draws(accel, device, mid_step):
+    accel.manual_seed(5)
+    _draws(device)
+    mid_step()
+    materialise()  # the step ends
+    return _draws(device)
+
+
+def test_set_rng_state__mid_step_keeps_later_steps(accel, xla_device, evidence):
+    # Activation checkpointing restores RNG states in the middle of every step (to replay dropout, then
+    # to go back): the steps after it must draw what they would have drawn without the recomputation.
+    plain = _next_step_draws(accel, xla_device, lambda: None)
+    restored = _next_step_draws(accel, xla_device, lambda: accel.set_rng_state(accel.get_rng_state()))
+    evidence.update(next_step_plain=plain, next_step_after_mid_step_restore=restored)
+    assert restored == plain, ("a get_rng_state/set_rng_state round trip in the middle of a step changed the next "
+                               "step's draws: activation checkpointing with dropout would change the training run")
 
 
 def test_set_rng_state__host_generator_untouched(accel, xla_device):

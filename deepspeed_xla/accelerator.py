@@ -19,7 +19,7 @@ import os
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
-from . import backward_guard, bucket_sizes, param_identity, runtime, xla_limits, xla_op_fixes
+from . import backward_guard, bucket_sizes, param_identity, runtime, torch_device_module, xla_limits, xla_op_fixes
 from .comm import BACKEND_NAME, register_backend
 from .rng import XlaGenerator
 from .streams import Event, Stream
@@ -65,6 +65,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         backward_guard.install()
         bucket_sizes.arm()
         xla_limits.install()
+        torch_device_module.register(self)
 
     # Synchronisation model (module docstring explains the choice)
     def is_synchronized_device(self):

@@ -1,9 +1,15 @@
 """The XLA random generator, in the shape DeepSpeed expects of a torch.Generator.
 
-An XLA device's whole RNG state is one 64-bit running seed, advanced by every random
-op. DeepSpeed checkpoints and restores RNG state as a ByteTensor (activation
-checkpointing replays dropout with it), so the seed travels as its 8 little-endian
-bytes.
+torch_xla keeps two 64-bit seeds per device: the running seed, advanced by every random op,
+and the step's base seed, from which each sync derives the next step's seeds. Setting the
+running seed (the only setter torch_xla has) resets the base seed too, so restoring a state
+in the middle of a step, as activation checkpointing does twice in every recomputation,
+would send every later step down another random stream. The state is therefore both seeds,
+as 16 little-endian bytes (a ByteTensor, as DeepSpeed stores RNG states): restoring it sets
+the running seed at once and, when the base differs, puts the base back at the next sync,
+where torch_xla would otherwise derive the next step from the wrong one. An 8-byte state
+(the running seed alone, as earlier versions of this package wrote) restores both seeds to
+it.
 """
 
 import torch
@@ -13,16 +19,22 @@ from . import runtime
 _SEED_BYTES = 8
 
 
-def seed_to_state(seed):
-    data = int(seed).to_bytes(_SEED_BYTES, "little", signed=False)
+def seed_to_state(running, base=None):
+    seeds = [running] if base is None else [base, running]
+    data = b"".join(int(seed).to_bytes(_SEED_BYTES, "little", signed=False) for seed in seeds)
     return torch.tensor(list(data), dtype=torch.uint8)
 
 
-def state_to_seed(state):
-    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.numel() != _SEED_BYTES:
-        raise ValueError(f"an XLA RNG state is a uint8 tensor of {_SEED_BYTES} bytes (from get_rng_state()), "
-                         f"got {getattr(state, 'dtype', type(state).__name__)} of {getattr(state, 'numel', lambda: '?')()} elements")
-    return int.from_bytes(bytes(state.cpu().tolist()), "little", signed=False)
+def state_to_seeds(state):
+    """(base seed, running seed) of a state from get_state(); an 8-byte state gives both as one."""
+    if (not isinstance(state, torch.Tensor) or state.dtype != torch.uint8
+            or state.numel() not in (_SEED_BYTES, 2 * _SEED_BYTES)):
+        raise ValueError(f"an XLA RNG state is a uint8 tensor of {2 * _SEED_BYTES} bytes (from get_rng_state()), "
+                         f"got {getattr(state, 'dtype', type(state).__name__)} of "
+                         f"{getattr(state, 'numel', lambda: '?')()} elements")
+    data = bytes(state.cpu().tolist())
+    seeds = [int.from_bytes(data[i:i + _SEED_BYTES], "little", signed=False) for i in range(0, len(data), _SEED_BYTES)]
+    return (seeds[0], seeds[0]) if len(seeds) == 1 else (seeds[0], seeds[1])
 
 
 class XlaGenerator:
@@ -31,16 +43,33 @@ class XlaGenerator:
     def __init__(self, device):
         self.device = device
         self._initial_seed = runtime.get_rng_seed(device)
+        self._base_at_sync = None  # the base seed to put back at the next sync, if any
+        self._armed = False
 
     def get_state(self):
-        return seed_to_state(runtime.get_rng_seed(self.device))
+        # After a mid-step restore, torch_xla's base is the reset one until the next sync: the base
+        # that sync will put back is the step's real one.
+        base = self._base_at_sync if self._base_at_sync is not None else runtime.get_rng_base_seed(self.device)
+        return seed_to_state(runtime.get_rng_seed(self.device), base)
 
     def set_state(self, state):
-        runtime.set_rng_seed(state_to_seed(state), self.device)
+        base, running = state_to_seeds(state)
+        runtime.set_rng_seed(running, self.device)
+        self._base_at_sync = base if base != running else None
+        if self._base_at_sync is not None and not self._armed:
+            self._armed = True
+            runtime.after_next_sync(self._restore_base)
         return self
+
+    def _restore_base(self):
+        self._armed = False
+        if self._base_at_sync is not None:
+            runtime.set_rng_seed(runtime.next_step_seed(self._base_at_sync), self.device)
+            self._base_at_sync = None
 
     def manual_seed(self, seed):
         self._initial_seed = int(seed)
+        self._base_at_sync = None
         runtime.set_rng_seed(seed, self.device)
         return self
 

@@ -94,7 +94,27 @@ def get_rng_seed(device):
 
 
 def set_rng_seed(seed, device):
+    """Set the running seed, and with it the base seed (torch_xla sets both)."""
     xm.set_rng_state(int(seed), str(device))
+
+
+def get_rng_base_seed(device):
+    """The base seed of the current step: torch_xla derives the next step's from it at each sync,
+    whatever the running seed is then (one scalar read from the device)."""
+    return int(torch_xla._XLAC._get_base_seed_as_tensor(str(device)).item()) & _SEED_MASK
+
+
+_SEED_MASK = (1 << 64) - 1
+
+
+def next_step_seed(base_seed):
+    """The base (and running) seed torch_xla 2.9 sets at a sync that ends a step with `base_seed`."""
+    return (1012031 + base_seed * 7012063) & _SEED_MASK
+
+
+def after_next_sync(callback):
+    """Run `callback()` once, right after the next sync (`torch_xla.sync`/`xm.mark_step`) has run."""
+    xm.add_step_closure(callback)
 
 
 def memory_info(device):

@@ -16,7 +16,7 @@ from deepspeed_xla import runtime
 from deepspeed_xla.accelerator import XLA_Accelerator
 from deepspeed_xla.op_builder import NotAvailableOnXlaBuilder, get_builder_class
 from deepspeed_xla.op_builder.torch_native import multi_tensor_adam, multi_tensor_lion
-from deepspeed_xla.rng import seed_to_state, state_to_seed
+from deepspeed_xla.rng import seed_to_state, state_to_seeds
 
 XLA = torch_xla.device()
 
@@ -59,14 +59,38 @@ def test_cpu_device_count_rule(monkeypatch, env, expected):
 
 @pytest.mark.parametrize("seed", [0, 1, 2**63 + 12345, 2**64 - 1])
 def test_rng_state_encoding_round_trips(seed):
-    state = seed_to_state(seed)
-    assert state.dtype == torch.uint8 and state.numel() == 8
-    assert state_to_seed(state) == seed
+    state = seed_to_state(seed, base=7)
+    assert state.dtype == torch.uint8 and state.numel() == 16
+    assert state_to_seeds(state) == (7, seed)
+    assert state_to_seeds(seed_to_state(seed)) == (seed, seed), "an 8-byte state (running seed alone) restores both"
 
 
 def test_rng_state_rejects_foreign_state():
-    with pytest.raises(ValueError, match="uint8 tensor of 8 bytes"):
-        state_to_seed(torch.get_rng_state())  # the CPU generator's 5056-byte state
+    with pytest.raises(ValueError, match="uint8 tensor of 16 bytes"):
+        state_to_seeds(torch.get_rng_state())  # the CPU generator's 5056-byte state
+
+
+def _after_sync_draws(accel, restore):
+    """Draws of the step after one whose middle ran `restore` (a get/set round trip, or nothing)."""
+    accel.manual_seed(5)
+    torch.rand(3, device=XLA)
+    restore()
+    torch_xla.sync()
+    return torch.rand(3, device=XLA).cpu()
+
+
+def test_restoring_mid_step_keeps_the_next_steps_random_stream(accel):
+    # Activation checkpointing restores RNG states in the middle of a step; torch_xla's setter also
+    # resets the step's base seed, from which the next step's seeds come.
+    plain = _after_sync_draws(accel, lambda: None)
+    round_trip = _after_sync_draws(accel, lambda: accel.set_rng_state(accel.get_rng_state()))
+    assert torch.equal(plain, round_trip), "a mid-step get/set round trip changed the next step's draws"
+
+
+def test_next_step_seed_is_torch_xlas_rule():
+    runtime.set_rng_seed(5, XLA)
+    torch_xla.sync()
+    assert runtime.get_rng_seed(XLA) == runtime.next_step_seed(5) == runtime.get_rng_base_seed(XLA)
 
 
 def test_manual_seed_reaches_the_xla_generator(accel):
