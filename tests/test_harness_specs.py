@@ -98,3 +98,15 @@ def test_method_of(test_name, method):
 def test_coverage_lists_unchecked_methods():
     assert checklist.coverage(["a", "b", "c"], {"a", "c", "not-a-method"}) == {
         "total": 3, "checked": 2, "unchecked": ["b"]}
+
+
+def test_missing_dependencies_exit_2_with_one_line(tmp_path):
+    # an interpreter without the harness's dependencies (a bare venv, no site-packages of this stack)
+    import venv
+    venv.create(tmp_path / "bare", with_pip=False)
+    proc = subprocess.run([str(tmp_path / "bare" / "bin" / "python"), "-m", "harness", "run", "--backend", "cpu"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "is not installed; install the harness's dependencies with `pip install -e " in lines[0], (
+        proc.stderr)
