@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness import candidates  # noqa: E402
-from harness.training import FIXTURES, accelerator_env, free_port  # noqa: E402
+from harness.training import FIXTURES, accelerator_env, single_rank_env  # noqa: E402
 
 CONFIGS = [("zero0", "defaults"), ("zero1_default_buckets", "defaults"), ("zero2_default_buckets", "defaults"),
            ("zero3_default_buckets", "defaults"), ("zero1", "sized"), ("zero2", "sized"), ("zero3", "sized")]
@@ -27,9 +27,7 @@ CONFIGS = [("zero0", "defaults"), ("zero1_default_buckets", "defaults"), ("zero2
 
 def peak_rss_mb(config, candidate):
     """Peak RSS (MiB) of one training process with `config` on `candidate` (None: CPU accelerator)."""
-    env = accelerator_env(candidate)
-    env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))
+    env = accelerator_env(candidate, single_rank_env())
     command = [sys.executable, str(FIXTURES / "train_styles.py"), "--style", "parameters", "--steps", "4",
                "--deepspeed_config", str(FIXTURES / "configs" / f"{config}.json")]
     proc = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)

@@ -14,7 +14,7 @@ import os
 import pytest
 import torch
 
-from harness.training import FIXTURES, free_port
+from harness.training import FIXTURES, single_rank_env
 
 pytestmark = pytest.mark.area("graph")
 
@@ -34,8 +34,7 @@ def train_fixture():
     is taken down afterwards (other checks in this process expect none)."""
     import deepspeed
     saved = dict(os.environ)
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(free_port()))
+    os.environ.update(single_rank_env())
     deepspeed.init_distributed()
     spec = importlib.util.spec_from_file_location("train_fixture", FIXTURES / "train.py")
     module = importlib.util.module_from_spec(spec)

@@ -37,9 +37,8 @@ class _StartRuntimeFirst:
         return getattr(self._engine, name)
 
 
-def install(_module=None):
-    """Start the runtime at the next backward pass of this process (idempotent; a
-    post-import hook on `torch.autograd.variable` passes the module, unused). Too late
+def install():
+    """Start the runtime at the next backward pass of this process (idempotent). Too late
     once a backward pass has run without it: autograd has sized its queues by then."""
     if not pending():
         Variable._execution_engine = _StartRuntimeFirst(Variable._execution_engine)

@@ -19,9 +19,8 @@ from . import runtime
 _SEED_BYTES = 8
 
 
-def seed_to_state(running, base=None):
-    seeds = [running] if base is None else [base, running]
-    data = b"".join(int(seed).to_bytes(_SEED_BYTES, "little", signed=False) for seed in seeds)
+def seeds_to_state(base, running):
+    data = b"".join(int(seed).to_bytes(_SEED_BYTES, "little", signed=False) for seed in (base, running))
     return torch.tensor(list(data), dtype=torch.uint8)
 
 
@@ -50,7 +49,7 @@ class XlaGenerator:
         # After a mid-step restore, torch_xla's base is the reset one until the next sync: the base
         # that sync will put back is the step's real one.
         base = self._base_at_sync if self._base_at_sync is not None else runtime.get_rng_base_seed(self.device)
-        return seed_to_state(runtime.get_rng_seed(self.device), base)
+        return seeds_to_state(base, runtime.get_rng_seed(self.device))
 
     def set_state(self, state):
         base, running = state_to_seeds(state)

@@ -94,6 +94,13 @@ def free_port():
         return s.getsockname()[1]
 
 
+def single_rank_env():
+    """torch.distributed's environment for one rank started as `python script.py` (as torchrun
+    would set it), on a free local port."""
+    return dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(free_port()))
+
+
 def run_in_session(cmd, env, workdir, log_path, timeout):
     """Run `cmd` in its own session and, whatever happens (exit, failure, timeout), kill the
     whole session before returning, so no rank a launcher started outlives the run."""
@@ -166,8 +173,7 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     if launcher == "python":
         if world_size != 1:
             raise ValueError("launcher='python' starts a single rank; use launcher='deepspeed' for more")
-        env.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(free_port()))
+        env.update(single_rank_env())
         cmd = [sys.executable, *args]
     elif launcher == "deepspeed":
         cmd = deepspeed_command(["--num_gpus", str(world_size)], args)

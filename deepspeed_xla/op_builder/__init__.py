@@ -16,6 +16,7 @@ from the builder classes in the modules of `op_builder_dir()`: `registry.py` hol
 every builder DeepSpeed knows.
 """
 
+import functools
 import importlib
 import os
 import pkgutil
@@ -89,9 +90,10 @@ _HOST_SIDE = ("CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder", "AsyncIOB
 _NOT_AVAILABLE = {}
 
 
+@functools.cache
 def deepspeed_builder_classes():
     """{class name: class} of the op builders DeepSpeed itself defines (the modules of its
-    `deepspeed/ops/op_builder/`, not its accelerator-specific subpackages)."""
+    `deepspeed/ops/op_builder/`, not its accelerator-specific subpackages); scanned once."""
     import deepspeed.ops.op_builder as package
     found = {}
     for info in pkgutil.iter_modules([os.path.dirname(package.__file__)]):
