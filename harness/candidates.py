@@ -2,7 +2,8 @@
 
 SPEC is one of
   deepspeed_xla           this project's accelerator, activated by DS_ACCELERATOR=xla
-  in-tree                 DeepSpeed's own answer to DS_ACCELERATOR=xla (a DeepSpeed branch)
+  in-tree[:NAME]          DeepSpeed's own accelerator for DS_ACCELERATOR=NAME (default xla): a
+                          DeepSpeed branch that supports XLA itself (upstream attempts use xla or tpu)
   module:Class            a class importable from a module
   path/to/file.py:Class   a class defined in a Python file
 
@@ -30,7 +31,8 @@ _DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
 DEFAULT_SPEC = "deepspeed_xla"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
-_FORMS = "expected deepspeed_xla, in-tree, module:Class or path/to/file.py:Class"
+_FORMS = "expected deepspeed_xla, in-tree[:NAME], module:Class or path/to/file.py:Class"
+IN_TREE_DEFAULT_NAME = "xla"
 
 
 class SpecError(ValueError):
@@ -45,14 +47,16 @@ class CandidateError(RuntimeError):
 class CandidateSpec:
     text: str
     kind: str  # "deepspeed_xla", "in-tree", "module" or "file"
-    target: str = ""  # module name or file path
+    target: str = ""  # module name, file path, or the DS_ACCELERATOR name of an in-tree accelerator
     attr: str = ""  # class name
 
     @property
     def name(self):
         """Short name used for expectation files and report titles."""
-        if self.kind in ("deepspeed_xla", "in-tree"):
+        if self.kind == "deepspeed_xla":
             return self.kind
+        if self.kind == "in-tree":
+            return "in-tree" if self.target == IN_TREE_DEFAULT_NAME else f"in-tree-{self.target}"
         base = Path(self.target).stem if self.kind == "file" else self.target
         return f"{base}.{self.attr}"
 
@@ -86,8 +90,13 @@ class CandidateSpec:
 def parse_spec(text):
     """CandidateSpec for `text`, or SpecError with a one-line reason."""
     text = (text or "").strip()
-    if text in ("deepspeed_xla", "in-tree"):
+    if text == "deepspeed_xla":
         return CandidateSpec(text, text)
+    if text == "in-tree" or text.startswith("in-tree:"):
+        name = text.partition(":")[2] or IN_TREE_DEFAULT_NAME
+        if not _IDENTIFIER.match(name):
+            raise SpecError(f"candidate {text!r}: {name!r} is not an accelerator name (DS_ACCELERATOR); {_FORMS}")
+        return CandidateSpec(text, "in-tree", name)
     target, sep, attr = text.rpartition(":")
     if not sep:
         raise SpecError(f"candidate {text!r} names no class; {_FORMS}")
@@ -139,18 +148,27 @@ def _build(spec):
                              f"{type(err).__name__}: {err}") from None
 
 
-def _resolve_xla_name(spec):
-    """The accelerator DeepSpeed itself resolves for DS_ACCELERATOR=xla."""
-    os.environ["DS_ACCELERATOR"] = "xla"
+def _resolve_by_name(spec):
+    """The accelerator DeepSpeed resolves for DS_ACCELERATOR=<name> (deepspeed_xla: xla)."""
+    name = spec.target if spec.kind == "in-tree" else "xla"
+    previous = os.environ.get("DS_ACCELERATOR")
+    os.environ["DS_ACCELERATOR"] = name
     try:
         from deepspeed.accelerator import get_accelerator
         accelerator = get_accelerator()
     except BaseException as err:
-        raise CandidateError(f"candidate {spec.text}: DeepSpeed did not accept DS_ACCELERATOR=xla: "
+        raise CandidateError(f"candidate {spec.text}: DeepSpeed did not accept DS_ACCELERATOR={name}: "
                              f"{type(err).__name__}: {err}") from None
+    finally:
+        # DeepSpeed keeps what it resolved. Children of an in-tree candidate's process must not
+        # inherit DS_ACCELERATOR=xla: deepspeed_xla, if installed, would claim it at their start.
+        if spec.kind == "in-tree" and previous is None:
+            del os.environ["DS_ACCELERATOR"]
+        elif spec.kind == "in-tree":
+            os.environ["DS_ACCELERATOR"] = previous
     module = type(accelerator).__module__
     if spec.kind == "in-tree" and not module.startswith("deepspeed."):
-        raise CandidateError(f"candidate in-tree: DS_ACCELERATOR=xla was answered by {module}, "
+        raise CandidateError(f"candidate {spec.text}: DS_ACCELERATOR={name} was answered by {module}, "
                              "not by DeepSpeed itself")
     if spec.kind == "deepspeed_xla" and not module.startswith("deepspeed_xla"):
         raise CandidateError(f"candidate deepspeed_xla: DS_ACCELERATOR=xla selected {module}; "
@@ -196,7 +214,7 @@ def install(spec):
         # Started without DS_ACCELERATOR=xla (e.g. plain pytest): its start-up hook is not armed.
         spec = parse_spec(f"{_DEEPSPEED_XLA_CLASS[0]}:{_DEEPSPEED_XLA_CLASS[1]}")
     if spec.kind in ("deepspeed_xla", "in-tree"):
-        return _resolve_xla_name(spec)
+        return _resolve_by_name(spec)
     if REAL_ACCELERATOR in sys.modules:
         raise CandidateError(f"candidate {spec.text}: DeepSpeed was imported before the candidate could be "
                              "installed; install it first thing in the process")

@@ -1,6 +1,8 @@
 """`python -m harness run --backend {cpu,tpu} --candidate SPEC --suite NAME --out DIR`
 `python -m harness references [--area AREA] [-k TEXT] [--out DIR]`: record the stored CPU reference curves
 `python -m harness bench [--only NAME]`: the benchmarks in benchmarks/, each printing its ratios side by side
+`python -m harness upstream --deepspeed-src DIR [--selection FILE] [-k EXPR] [--candidate SPEC] [--out DIR]`:
+    DeepSpeed's own unit tests against the candidate and DeepSpeed's CPU accelerator (upstream.py)
 
 Exit status: 0 when nothing failed unexpectedly, 1 on unexpected failures (or a run that
 did not complete), 2 on bad usage, with a one-line reason. The checks run in a child
@@ -17,7 +19,7 @@ import tempfile
 from pathlib import Path
 
 from . import (candidates, curves, environment, expectations, references, report_json, report_junit, report_md,
-               run_dir, suites, training)
+               run_dir, suites, training, upstream)
 from .plugin import OUT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,6 +60,7 @@ def _parser():
     record.add_argument("-k", dest="select", default="", help="only cases whose id contains this text")
     record.add_argument("--out", default=str(references.REFERENCES),
                         help="where to store them (default: where `run --reference stored` reads them)")
+    upstream.add_parser(commands)
     bench = commands.add_parser("bench", help="run the benchmarks in benchmarks/ (ratios measured side by side)")
     bench.add_argument("--only", choices=benchmark_names(), help="only this benchmark (default: all)")
     return parser
@@ -212,8 +215,8 @@ def record_references(args):
 def main(argv=None):
     try:
         args = _parser().parse_args(argv)
-        commands = {"run": run, "references": record_references, "bench": run_benchmarks}
+        commands = {"run": run, "references": record_references, "bench": run_benchmarks, "upstream": upstream.run}
         return commands[args.command](args)
-    except UsageError as err:
+    except (UsageError, upstream.UpstreamUsageError) as err:
         print(f"harness: error: {err}", file=sys.stderr)
         return 2

@@ -26,7 +26,8 @@ def installed_version(distribution):
         return None
 
 
-def _git_revision(path):
+def git_revision(path):
+    """The checkout's HEAD commit (+dirty with uncommitted changes), or None outside git."""
     try:
         rev = subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
                              timeout=10, check=True).stdout.strip()
@@ -50,7 +51,7 @@ def source_revision(distribution):
         return info["vcs_info"].get("commit_id")
     url = info.get("url", "")
     if url.startswith("file://"):
-        return _git_revision(url[len("file://"):])
+        return git_revision(url[len("file://"):])
     return None
 
 
@@ -99,6 +100,6 @@ def fingerprint(backend, candidate_text, device_kind, device_count, env):
         "device_kind": device_kind,
         "device_count": device_count,
         "candidate": candidate_text,
-        "harness_revision": _git_revision(REPO),
+        "harness_revision": git_revision(REPO),
         "env": {name: env[name] for name in ENV_ALLOWLIST if name in env},
     }

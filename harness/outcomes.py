@@ -15,7 +15,10 @@ def _text(longrepr):
     crash = getattr(longrepr, "reprcrash", None)
     if crash is not None and crash.message:
         return crash.message
-    return str(longrepr)
+    text = str(longrepr)
+    # Reports without a crash line (a fixture lookup error) say what went wrong on their `E` lines.
+    errors = [line[1:].strip() for line in text.splitlines() if line.startswith("E ")]
+    return "\n".join(errors) if errors else text
 
 
 def _clip(text, limit):
@@ -30,7 +33,9 @@ def status_of(reports):
         if report.skipped:
             return ("xfailed" if getattr(report, "wasxfail", None) is not None else "skipped"), report
     call = next((r for r in reports if r.when == "call"), None)
-    if call is not None and getattr(call, "wasxfail", None) is not None:
+    if call is None:  # set up, then its process or session ended: it never ran to completion
+        return "failed", None
+    if getattr(call, "wasxfail", None) is not None:
         return "xpassed", call
     return "passed", call
 
@@ -44,6 +49,8 @@ def result_record(nodeid, reports):
     meta = properties.get("harness", {})
     message = ""
     traceback = ""
+    if deciding is None and status == "failed":
+        message = "the test was set up, then its session or process ended before the test ran to completion"
     if deciding is not None:
         if status in ("xfailed", "xpassed"):
             message = str(deciding.wasxfail)

@@ -49,6 +49,34 @@ def _reference_sources(results):
                "relative." if drifts else "")]
 
 
+def _upstream_section(report):
+    """DeepSpeed's own tests: where they came from, and per file the two sides and the verdicts."""
+    up = report.get("upstream")
+    if up is None:
+        return []
+    env = report["environment"]
+    lines = ["", f"DeepSpeed's own unit tests (`{up['selection']}`"
+             + (f", `-k {up['keyword']}`" if up["keyword"] else "")
+             + f") from a DeepSpeed checkout at `{env.get('deepspeed_src_revision')}` (version.txt "
+             f"{env.get('deepspeed_src_version')}), run against the installed DeepSpeed {env.get('deepspeed')}: "
+             "each test on the baseline (DeepSpeed's CPU accelerator) and on the candidate.",
+             "", "| verdict | tests |", "|---|---|"]
+    lines += [f"| {verdict} | {count} |" for verdict, count in up["verdicts"].items() if count]
+    lines += ["", "| file | tests | baseline pass/fail/skip | candidate pass/fail/skip | verdicts |", "|---|---|---|---|---|"]
+    for path, row in up["files"].items():
+        sides = ["/".join(str(row[side].get(o, 0)) for o in ("pass", "fail", "skip")) for side in ("baseline", "candidate")]
+        verdicts = ", ".join(f"{count} {verdict}" for verdict, count in row["verdicts"].items())
+        lines.append(f"| `{path}` | {row['tests']} | {sides[0]} | {sides[1]} | {verdicts} |")
+    timing = "; ".join(f"{name} {side['seconds']:.0f} s in {side['sessions']} session(s)"
+                       + (f", {len(side['stopped'])} test(s) stopped after {up['timeout_s']} s" if side["stopped"] else "")
+                       for name, side in up["sides"].items())
+    lines += ["", f"Time: {timing}."]
+    if up["stale_selection"]:
+        lines += ["", "Selection entries that matched no test (renamed or removed in this checkout): "
+                  + ", ".join(f"`{entry}`" for entry in up["stale_selection"]) + "."]
+    return lines
+
+
 def render(report):
     summary, env = report["summary"], report["environment"]
     verdict = "PASS" if summary["failed"] == 0 and report["complete"] else "FAIL"
@@ -70,8 +98,11 @@ def render(report):
     if unrun:
         lines += ["", f"No check ran in: {', '.join(f'`{area}`' for area in unrun)}."]
     lines += _reference_sources(report["results"])
+    lines += _upstream_section(report)
     coverage = report["coverage"]["interface"]
-    if "interface" in SUITES.get(report["suite"], ("interface", )):
+    if "upstream" in report:
+        lines.append("")
+    elif "interface" in SUITES.get(report["suite"], ("interface", )):
         lines += ["", f"Interface coverage: {coverage['checked']}/{coverage['total']} DeepSpeedAccelerator methods "
                   "checked" + (f"; unchecked: {', '.join(f'`{m}`' for m in coverage['unchecked'])}"
                                if coverage["unchecked"] else ""), ""]

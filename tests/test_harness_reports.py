@@ -27,6 +27,7 @@ def phase(when, outcome, **extra):
     ([phase("setup", "skipped", longrepr=("f.py", 1, "Skipped: TPU only")), phase("teardown", "passed")], "skipped"),
     ([phase("setup", "passed"), phase("call", "skipped", wasxfail="known"), phase("teardown", "passed")], "xfailed"),
     ([phase("setup", "passed"), phase("call", "passed", wasxfail="known"), phase("teardown", "passed")], "xpassed"),
+    ([phase("setup", "passed")], "failed"),  # its session ended during the test (pytest.exit, a lost worker)
 ])
 def test_status_of(phases, status):
     assert status_of(phases)[0] == status

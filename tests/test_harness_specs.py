@@ -1,5 +1,6 @@
 """Candidate specs, suites and the interface checklist: pure logic, no device."""
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.parametrize("text, kind, name", [
     ("deepspeed_xla", "deepspeed_xla", "deepspeed_xla"),
     ("in-tree", "in-tree", "in-tree"),
+    ("in-tree:tpu", "in-tree", "in-tree-tpu"),
     ("my_pkg.accel:MyAccel", "module", "my_pkg.accel.MyAccel"),
     ("tests/candidates/synchronize_noop.py:SynchronizeNoop", "file", "synchronize_noop.SynchronizeNoop"),
 ])
@@ -36,6 +38,7 @@ def test_file_spec_is_absolute_for_child_processes():
     ("pkg.mod:not-a-name", "'not-a-name' is not a class name"),
     ("pkg..mod:Accel", "'pkg..mod' is not a module name"),
     ("some/dir:Accel", "a file candidate must be a .py file"),
+    ("in-tree:not a name", "'not a name' is not an accelerator name"),
 ])
 def test_parse_spec_errors_are_one_line(text, reason):
     with pytest.raises(SpecError) as error:
@@ -56,6 +59,9 @@ def test_child_env_activates_only_deepspeed_xla_at_start_up():
     (["run", "--backend", "gpu"], "invalid choice: 'gpu'"),
     (["run", "--backend", "cpu", "--candidate", "foo"], "candidate 'foo' names no class"),
     (["run"], "the following arguments are required: --backend"),
+    (["upstream", "--deepspeed-src", "/nonexistent"], "not a DeepSpeed source checkout (no tests/unit/common.py"),
+    (["upstream", "--deepspeed-src", "tests/upstream_tree", "--selection", "nope.toml"],
+     "selection file nope.toml does not exist (available: deepspeed-0.19.8.toml)"),
 ])
 def test_bad_usage_exits_2_with_one_line(argv, reason):
     proc = subprocess.run([sys.executable, "-m", "harness", *argv], cwd=REPO, capture_output=True, text=True)
@@ -110,3 +116,15 @@ def test_missing_dependencies_exit_2_with_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "is not installed; install the harness's dependencies with `pip install -e " in lines[0], (
         proc.stderr)
+
+
+def test_in_tree_candidate_is_deepspeeds_own_and_leaves_ds_accelerator_to_the_harness():
+    """in-tree:NAME installs what DeepSpeed itself answers to DS_ACCELERATOR=NAME (here its CPU
+    accelerator, which every DeepSpeed has), and children do not inherit the name: deepspeed_xla's
+    start-up hook would otherwise claim DS_ACCELERATOR=xla in them."""
+    code = ("import os; from harness.candidates import install_from_env; a = install_from_env(); "
+            "print(type(a).__module__, os.environ.get('DS_ACCELERATOR'))")
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**env, "HARNESS_CANDIDATE": "in-tree:cpu"})
+    assert proc.stdout.split()[-2:] == ["deepspeed.accelerator.cpu_accelerator", "None"], proc.stderr[-2000:]

@@ -1,0 +1,194 @@
+"""`python -m harness upstream`: DeepSpeed's own unit tests, run against a candidate and against
+DeepSpeed's CPU accelerator (the baseline), compared test by test.
+
+    python -m harness upstream --deepspeed-src DIR [--selection FILE] [-k EXPR] [--candidate SPEC]
+                               [--out DIR] [--devices N] [--timeout S] [--workers N]
+
+DIR is a DeepSpeed source checkout (the PyPI sdist has no tests); its tests run against the
+DeepSpeed installed here. Each side is one pytest session in DIR/tests, DeepSpeed's own
+conftest.py and pytest.ini in charge, set up as DeepSpeed's test harness needs for an
+accelerator it does not know (never by editing its files):
+  - CUDA_VISIBLE_DEVICES=0..N-1: `set_accelerator_visible()` asks a vendor tool for the
+    device list of accelerators it knows, and asserts CPU for any other;
+  - LOCAL_SIZE=N: `DistributedTest` skips a world larger than `device_count()`; DeepSpeed's
+    CPU accelerator and deepspeed_xla count LOCAL_SIZE devices, as in a launched rank;
+  - DS_UNITTEST_TIMEOUT: DeepSpeed's own bound on one test's ranks, and the watchdog's
+    (upstream_run.py), so a rank that dies in DeepSpeed's pool becomes an error, not a hang.
+The candidate is installed in every process DeepSpeed's harness starts (its forkserver pool
+and spawned ranks) the way `run` installs it in training scripts (candidates.child_env).
+Results join report.json / junit.xml / report.md as area `upstream` (verdicts: upstream_verdicts.py).
+"""
+
+import os
+import signal
+from pathlib import Path
+
+from . import (candidates, environment, expectations, report_json, report_junit, report_md, run_dir,
+               upstream_run, upstream_selection, upstream_verdicts)
+
+PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
+SIDES = ("baseline", "candidate")
+_CLEARED = (candidates.SPEC_ENV, candidates.AT_START_ENV, "DS_ACCELERATOR", "PYTEST_ADDOPTS",
+            "CUDA_VISIBLE_DEVICES", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+class UpstreamUsageError(ValueError):
+    """Bad usage of `upstream` (one line, exit 2)."""
+
+
+def add_parser(commands):
+    up = commands.add_parser("upstream", help="run DeepSpeed's own unit tests against a candidate and against "
+                             "DeepSpeed's CPU accelerator, test by test")
+    up.add_argument("--deepspeed-src", required=True, metavar="DIR", help="a DeepSpeed source checkout (has tests/unit)")
+    up.add_argument("--selection", metavar="FILE",
+                    help="selection TOML (default fixtures/upstream/deepspeed-<installed version>.toml)")
+    up.add_argument("-k", dest="keyword", default="", help="only tests matching this pytest -k expression")
+    up.add_argument("--candidate", default=candidates.DEFAULT_SPEC,
+                    help="deepspeed_xla (default), in-tree[:NAME], module:Class or path/to/file.py:Class")
+    up.add_argument("--backend", choices=sorted(PJRT_DEVICE), default="cpu", help="PJRT CPU (default) or TPU")
+    up.add_argument("--out", help="run directory (default: reports/<run-id>/)")
+    up.add_argument("--devices", type=int, default=4,
+                    help="devices DeepSpeed's test harness may start ranks on (default 4; PJRT CPU emulates them)")
+    up.add_argument("--timeout", type=int, default=300,
+                    help="seconds one test's ranks may take (DS_UNITTEST_TIMEOUT; default 300)")
+    up.add_argument("--workers", type=int, default=0,
+                    help="pytest-xdist processes per side (DeepSpeed's harness gives each its own ports; default 0)")
+    return up
+
+
+def _plan(args):
+    src = Path(args.deepspeed_src).expanduser().resolve()
+    tests_dir = src / "tests"
+    if not (tests_dir / "unit" / "common.py").is_file():
+        raise UpstreamUsageError(f"--deepspeed-src {args.deepspeed_src}: not a DeepSpeed source checkout "
+                                 "(no tests/unit/common.py; the PyPI sdist has no tests: clone "
+                                 "https://github.com/deepspeedai/DeepSpeed at the installed version's tag)")
+    deepspeed_version = environment.installed_version("deepspeed")
+    try:
+        spec = candidates.parse_spec(args.candidate)
+        selection = upstream_selection.load(args.selection or upstream_selection.default_path(deepspeed_version))
+    except (candidates.SpecError, upstream_selection.SelectionError) as err:
+        raise UpstreamUsageError(str(err)) from None
+    if args.devices < 1 or args.timeout <= 0 or args.workers < 0:
+        raise UpstreamUsageError("--devices must be >= 1, --timeout > 0 and --workers >= 0")
+    return src, tests_dir, spec, selection
+
+
+def side_envs(spec, backend, devices, timeout_s, base=None):
+    """{side: environment} for the baseline (DeepSpeed's CPU accelerator) and the candidate."""
+    common = {key: value for key, value in (os.environ if base is None else base).items() if key not in _CLEARED}
+    common.update(CUDA_VISIBLE_DEVICES=",".join(map(str, range(devices))), LOCAL_SIZE=str(devices),
+                  DS_UNITTEST_TIMEOUT=str(timeout_s), PJRT_DEVICE=PJRT_DEVICE[backend])
+    if backend == "tpu":  # PJRT CPU cannot load the executables it stores (PersistentCacheDeserializeFailure)
+        common.setdefault("XLA_PERSISTENT_CACHE_PATH", str(Path.home() / ".cache" / "deepspeed_xla" / "xla_cache"))
+    return {"baseline": {**common, "DS_ACCELERATOR": "cpu"}, "candidate": spec.child_env(common, at_start=True)}
+
+
+def source_info(src):
+    version_file = src / "version.txt"
+    return {"deepspeed_src_revision": environment.git_revision(src),
+            "deepspeed_src_version": version_file.read_text().strip() if version_file.is_file() else None}
+
+
+def _say(line):
+    print(f"harness: {line}", flush=True)
+
+
+def run(args):
+    src, tests_dir, spec, selection = _plan(args)
+    run_id = run_dir.new_run_id("upstream", args.backend)
+    out = run_dir.prepare(args.out or run_dir.reports_root() / run_id)
+    parts = out / "parts"
+    parts.mkdir(parents=True, exist_ok=True)
+    envs = side_envs(spec, args.backend, args.devices, args.timeout)
+    pytest_args = [*(["-k", args.keyword] if args.keyword else []),
+                   *(["-n", str(args.workers)] if args.workers else [])]
+    missing = selection.missing_files(tests_dir)
+    targets = [t for entry in selection.entries if entry.path not in missing for t in entry.targets]
+    _say(f"upstream: {len(targets)} target(s) from {selection.path.name} in {tests_dir}, "
+         f"candidate {spec.text} vs DeepSpeed's CPU accelerator -> {out}")
+    sides, interrupted = {}, False
+    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
+    try:
+        for side in SIDES:
+            _say(f"upstream: {side} ({'DS_ACCELERATOR=cpu' if side == 'baseline' else spec.text})")
+            sides[side] = upstream_run.run_side(name=side, tests_dir=tests_dir, targets=targets,
+                                                pytest_args=pytest_args, env=envs[side], workdir=parts,
+                                                timeout_s=args.timeout, say=_say)
+            counts = upstream_verdicts.side_counts(sides[side].results)
+            _say(f"upstream: {side}: {_counts_text(counts)} in {sides[side].seconds:.0f} s")
+            if sides[side].interrupted:
+                interrupted = True
+                break
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+    report = _report(run_id=run_id, out=out, src=src, spec=spec, selection=selection, missing=missing,
+                     sides=sides, args=args, env=envs["candidate"], complete=not interrupted and len(sides) == 2)
+    latest = run_dir.point_latest(out)
+    for result in report["results"]:
+        if result["status"] == "failed":
+            _say(f"{result['evidence']['verdict'].upper()} {result['id']}: {result['message']}")
+    for entry in report["upstream"]["stale_selection"]:
+        _say(f"selection entry matched no test: {entry}")
+    for entry in report["expectations"]["unmatched"]:
+        _say(f"known difference matched no test: {entry['id']}")
+    for test_id in report["expectations"]["xpassed"]:
+        _say(f"known difference now passes: {test_id}")
+    verdicts = report["upstream"]["verdicts"]
+    _say("upstream: " + ", ".join(f"{count} {verdict}" for verdict, count in verdicts.items() if count)
+         + ("" if report["complete"] else "; INCOMPLETE run"))
+    _say(f"report: {out / 'report.md'} (report.json, junit.xml; latest: {latest})")
+    return 0 if report["complete"] and report["summary"]["failed"] == 0 else 1
+
+
+def _counts_text(counts):
+    return ", ".join(f"{count} {status}" for status, count in counts.items()) or "no tests"
+
+
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _without_checkout_path(results, src):
+    """Messages and tracebacks name files relative to the checkout: a report pastes without local paths."""
+    prefix = f"{src}{os.sep}"
+    strip = lambda text: text.replace(prefix, "") if isinstance(text, str) else text  # noqa: E731
+    for result in results:
+        for key in ("message", "traceback"):
+            result[key] = strip(result[key])
+        result["evidence"] = {key: strip(value) for key, value in result["evidence"].items()}
+    return results
+
+
+def _report(*, run_id, out, src, spec, selection, missing, sides, args, env, complete):
+    empty = upstream_run.SideRun()
+    baseline, candidate = sides.get("baseline", empty), sides.get("candidate", empty)
+    # An interrupted run judges only what the candidate finished; its selection is not judged stale.
+    judged = baseline.results if complete else {k: v for k, v in baseline.results.items() if k in candidate.results}
+    results = _without_checkout_path(upstream_verdicts.judge_all(judged, candidate.results), src)
+    unmatched = expectations.apply(results, list(selection.known))
+    if not complete:
+        unmatched = []
+    stale = missing + ([entry.label for entry in selection.stale_entries([*baseline.results, *candidate.results])
+                        if entry.path not in missing] if complete else [])
+    fingerprint = environment.fingerprint(args.backend, spec.text, "PJRT CPU" if args.backend == "cpu" else "TPU",
+                                          args.devices, env)
+    report = report_json.build(run_id=run_id, suite="upstream", results=results, session={},
+                               environment={**fingerprint, **source_info(src)}, complete=complete,
+                               unmatched_expectations=unmatched, artifacts={})
+    report["upstream"] = {
+        "selection": selection.path.name,
+        "keyword": args.keyword,
+        "verdicts": {verdict: sum(1 for r in results if r["evidence"]["verdict"] == verdict)
+                     for verdict in upstream_verdicts.VERDICTS},
+        "files": upstream_verdicts.per_file(results),
+        "stale_selection": stale,
+        "sides": {name: {"seconds": round(side.seconds, 1), "sessions": side.sessions, "stopped": side.stopped,
+                         "counts": upstream_verdicts.side_counts(side.results)}
+                  for name, side in (("baseline", baseline), ("candidate", candidate))},
+        "timeout_s": args.timeout,
+    }
+    report_json.write(report, out / "report.json")
+    report_junit.write(results, out / "parts", out / "junit.xml")
+    report_md.write(report, out / "report.md")
+    return report

@@ -1,0 +1,156 @@
+"""One side (baseline or candidate) of an upstream run: DeepSpeed's pytest in its own tests/,
+every test bounded in time, the run resumed after a test that never finished.
+
+DeepSpeed's `DistributedTest` runs each test's ranks in a multiprocessing pool. A rank
+that dies there (a signal, a native abort) is never reported: the pool waits for its
+result until DeepSpeed's own DS_UNITTEST_TIMEOUT, then `pytest.exit()` ends the whole
+session, and closing the pool can itself wait forever on the dead rank. So the pytest
+process runs in a session of its own; a watchdog reads the start markers the recorder
+plugin (upstream_plugin.py) streams, and when one test has run `timeout + GRACE_S`
+seconds, stops the whole process group (pool workers included). The test in progress is
+recorded as an error naming why; the session is started again on the tests not yet run.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .upstream_plugin import UPSTREAM_EVENTS_ENV
+
+GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
+POLL_S = 1.0
+_REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class SideRun:
+    """What one side produced: {nodeid: result record} plus how the sessions went."""
+    results: dict = field(default_factory=dict)
+    collected: list = field(default_factory=list)
+    sessions: int = 0
+    stopped: list = field(default_factory=list)  # node ids the watchdog stopped
+    seconds: float = 0.0
+    interrupted: bool = False  # Ctrl-C or SIGTERM: the results are what finished before it
+
+
+def _events(path):
+    events = []
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                events.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue  # the last line of a killed process
+    return events
+
+
+def _overdue(events, limit_s, now):
+    """The node id of a test started more than limit_s ago without a result, else None."""
+    finished = {e["id"] for e in events if e["event"] == "result"}
+    running = [e for e in events if e["event"] == "start" and e["id"] not in finished]
+    late = [e for e in running if now - e["time"] > limit_s]
+    return late[0]["id"] if late else None
+
+
+def _stop_group(process):
+    """SIGTERM the session's process group, SIGKILL what is left after 10 s."""
+    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            process.wait(timeout=wait_s)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    try:  # pool workers may outlive the session leader by a moment
+        os.killpg(process.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _lost(nodeid, reason):
+    return {"id": nodeid, "area": "upstream", "method": None, "status": "error", "message": reason,
+            "duration_s": 0.0, "evidence": {}, "traceback": ""}
+
+
+def _ended_reason(returncode, log_tail):
+    hint = next((line.strip() for line in reversed(log_tail) if "Test hanged" in line or "Exit:" in line), "")
+    how = f"signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
+    return (f"the test session ended ({how}) before this test reported a result"
+            + (f": {hint}" if hint else "; a rank process may have died"))
+
+
+def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, say, grace_s=GRACE_S):
+    """Run `targets` (pytest node ids or paths under tests_dir) with `env`; a SideRun.
+
+    pytest_args: extra arguments (e.g. -k EXPR, -n N). Each session's output goes to
+    workdir/<name>-<session>.log. A test is stopped after timeout_s + grace_s seconds.
+    """
+    run = SideRun()
+    started_at = time.monotonic()
+    pending = list(targets)
+    while pending:
+        run.sessions += 1
+        events_path = Path(workdir) / f"{name}-{run.sessions}.jsonl"
+        log_path = Path(workdir) / f"{name}-{run.sessions}.log"
+        command = [sys.executable, "-m", "pytest", "-p", "harness.upstream_plugin", "-p", "no:cacheprovider",
+                   "-q", "-rN", "--color=no", *pytest_args, *pending]
+        child_env = {**env, UPSTREAM_EVENTS_ENV: str(events_path),
+                     "PYTHONPATH": os.pathsep.join([str(_REPO), *filter(None, [env.get("PYTHONPATH")])])}
+        with open(log_path, "w", encoding="utf-8") as log:
+            process = subprocess.Popen(command, cwd=tests_dir, env=child_env, stdout=log, stderr=subprocess.STDOUT,
+                                       start_new_session=True)
+            stopped = None
+            try:
+                while process.poll() is None:
+                    time.sleep(POLL_S)
+                    stopped = _overdue(_events(events_path), timeout_s + grace_s, time.time())
+                    if stopped:
+                        say(f"{name}: {stopped} ran past {timeout_s + grace_s} s; stopping its session")
+                        _stop_group(process)
+            except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: leave no rank behind
+                run.interrupted = True
+            _stop_group(process)  # pool workers or a forkserver that outlived pytest
+        events = _events(events_path)
+        tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]
+        collected = next((e["ids"] for e in events if e["event"] == "collected"), None)
+        for event in events:
+            if event["event"] == "result":
+                run.results[event["id"]] = {key: value for key, value in event.items() if key != "event"}
+            elif event["event"] == "collection_error":
+                run.results[event["id"]] = {**_lost(event["id"], f"collection error: {event['message']}"),
+                                            "traceback": event["traceback"]}
+        finished = {e["id"] for e in events if e["event"] == "result"}
+        for event in events:
+            if event["event"] == "start" and event["id"] not in finished:
+                if event["id"] == stopped:
+                    run.stopped.append(stopped)
+                    reason = (f"did not finish within {timeout_s + grace_s} s (DS_UNITTEST_TIMEOUT {timeout_s} s "
+                              f"+ {grace_s} s): a rank hung or died; its session was stopped")
+                else:
+                    reason = _ended_reason(process.returncode, tail)
+                run.results[event["id"]] = _lost(event["id"], reason)
+        if run.interrupted:
+            for event in events:  # an interrupted test is not a result
+                if event["event"] == "start" and event["id"] not in finished:
+                    run.results.pop(event["id"], None)
+            break
+        if collected is None:  # pytest ended before collecting: nothing to resume
+            if run.sessions == 1 and not run.results:
+                say(f"{name}: pytest collected nothing (exit {process.returncode}); see {log_path}")
+            break
+        if run.sessions == 1:
+            run.collected = list(collected)
+        pending = [nodeid for nodeid in collected if nodeid not in run.results]
+        if pending:
+            say(f"{name}: session {run.sessions} ended early (exit {process.returncode}); "
+                f"resuming with the {len(pending)} test(s) not yet run")
+    run.seconds = time.monotonic() - started_at
+    return run

@@ -1,0 +1,114 @@
+"""Which of DeepSpeed's own unit tests `python -m harness upstream` runs, and their known differences.
+
+A selection is a TOML file, fixtures/upstream/deepspeed-<version>.toml for the DeepSpeed
+release line it was chosen for:
+
+    deepspeed = "0.19.8"
+
+    [[tests]]
+    path = "unit/comm/test_dist.py"        # relative to the checkout's tests/ (DeepSpeed's rootdir)
+    ids = ["TestInit", "TestDistAllReduce"] # optional: only these node ids under path (path::id)
+    why = "what the file exercises"         # optional
+
+    [[known]]                               # a difference of the candidate from the baseline
+    id = "unit/comm/test_dist.py::TestDistInit::*"   # `*` matches anything
+    reason = "why"
+    link = "https://github.com/... (issue tracking it)"
+
+Known entries are expectations (expectations.py): a regression they match is reported as an
+expected failure, a matched test that passes is reported as such, and an entry matching no
+test is reported. A `tests` entry whose targets collect no test on either side is reported too.
+"""
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from .expectations import Expectation
+
+SELECTIONS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
+
+
+class SelectionError(ValueError):
+    """A malformed or missing selection file (bad usage)."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: str
+    ids: tuple = ()
+    why: str = ""
+
+    @property
+    def targets(self):
+        """pytest arguments for this entry, relative to DeepSpeed's tests/ directory."""
+        return [f"{self.path}::{node}" for node in self.ids] if self.ids else [self.path]
+
+    @property
+    def label(self):
+        return f"{self.path} ({', '.join(self.ids)})" if self.ids else self.path
+
+    def covers(self, nodeid):
+        return any(nodeid == target or nodeid.startswith(target + "::") or nodeid.startswith(target + "[")
+                   for target in self.targets)
+
+
+@dataclass(frozen=True)
+class Selection:
+    path: Path
+    deepspeed: str
+    entries: tuple
+    known: tuple
+
+    @property
+    def targets(self):
+        return [target for entry in self.entries for target in entry.targets]
+
+    def stale_entries(self, nodeids):
+        """Entries none of whose targets produced a test in `nodeids` (renamed or removed upstream)."""
+        return [entry for entry in self.entries if not any(entry.covers(nodeid) for nodeid in nodeids)]
+
+    def missing_files(self, tests_dir):
+        return [entry.path for entry in self.entries if not (Path(tests_dir) / entry.path).is_file()]
+
+
+def default_path(deepspeed_version):
+    return SELECTIONS_DIR / f"deepspeed-{deepspeed_version}.toml"
+
+
+def available():
+    return sorted(path.name for path in SELECTIONS_DIR.glob("deepspeed-*.toml"))
+
+
+def _strings(value, where):
+    if not isinstance(value, list) or not all(isinstance(item, str) and item.strip() for item in value):
+        raise SelectionError(f"{where}: ids must be a list of non-empty strings")
+    return tuple(value)
+
+
+def load(path):
+    """The Selection in `path`; SelectionError with a one-line reason otherwise."""
+    path = Path(path)
+    if not path.is_file():
+        raise SelectionError(f"selection file {path} does not exist (available: {', '.join(available()) or 'none'})")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as err:
+        raise SelectionError(f"{path}: not valid TOML: {err}") from None
+    entries = []
+    for number, entry in enumerate(data.get("tests", []), 1):
+        where = f"{path}: tests #{number}"
+        if not str(entry.get("path", "")).strip():
+            raise SelectionError(f"{where} lacks path")
+        if Path(entry["path"]).is_absolute() or ".." in Path(entry["path"]).parts:
+            raise SelectionError(f"{where}: path must be relative to DeepSpeed's tests/ directory")
+        entries.append(Entry(entry["path"], _strings(entry.get("ids", []), where), entry.get("why", "")))
+    if not entries:
+        raise SelectionError(f"{path}: selects no tests (add [[tests]] entries with a path)")
+    known = []
+    for number, entry in enumerate(data.get("known", []), 1):
+        missing = [key for key in ("id", "reason", "link") if not str(entry.get(key, "")).strip()]
+        if missing:
+            raise SelectionError(f"{path}: known #{number} lacks {', '.join(missing)} (id, reason and link are required)")
+        known.append(Expectation(entry["id"], entry["reason"], entry["link"]))
+    return Selection(path, str(data.get("deepspeed", "")), tuple(entries), tuple(known))

@@ -1,0 +1,114 @@
+"""Verdicts of an upstream run: each DeepSpeed test's baseline and candidate outcomes, side by side.
+
+A side's outcome is pass, fail or skip: passed/xpassed count as pass; failed, error (the
+test's session crashed or ran out of time) and a collection error count as fail; skipped,
+DeepSpeed's own xfail marks and a test the side did not collect count as skip.
+
+| baseline | candidate | verdict             | report status |
+|----------|-----------|---------------------|---------------|
+| pass     | pass      | both-pass           | passed        |
+| skip/fail| pass      | candidate-only-pass | passed        |
+| pass     | fail      | regression          | failed        |
+| pass     | skip      | candidate-skips     | failed        |
+| skip     | fail      | candidate-only-fail | failed        |
+| fail     | fail      | both-fail           | skipped       |
+| fail     | skip      | baseline-fails      | skipped       |
+| skip     | skip      | both-skip           | skipped       |
+
+A test the candidate cannot run or gets wrong while the baseline does not fail is a failure
+of the candidate; where the baseline fails too there is no verdict on the candidate, which
+is reported as skipped (never as a pass), with both sides' reasons.
+"""
+
+from collections import Counter
+
+VERDICTS = ("both-pass", "candidate-only-pass", "regression", "candidate-skips", "candidate-only-fail",
+            "both-fail", "baseline-fails", "both-skip")
+_OUTCOME = {"passed": "pass", "xpassed": "pass", "failed": "fail", "error": "fail", "skipped": "skip",
+            "xfailed": "skip"}
+_VERDICT = {
+    ("pass", "pass"): ("both-pass", "passed"),
+    ("skip", "pass"): ("candidate-only-pass", "passed"),
+    ("fail", "pass"): ("candidate-only-pass", "passed"),
+    ("pass", "fail"): ("regression", "failed"),
+    ("pass", "skip"): ("candidate-skips", "failed"),
+    ("skip", "fail"): ("candidate-only-fail", "failed"),
+    ("fail", "fail"): ("both-fail", "skipped"),
+    ("fail", "skip"): ("baseline-fails", "skipped"),
+    ("skip", "skip"): ("both-skip", "skipped"),
+}
+NOT_COLLECTED = {"status": "skipped", "message": "not collected on this side", "duration_s": 0.0, "traceback": ""}
+
+
+def outcome(record):
+    return _OUTCOME[record["status"]]
+
+
+def _first_line(record):
+    return (record.get("message") or "").strip().splitlines()[0] if (record.get("message") or "").strip() else ""
+
+
+def _message(verdict, baseline, candidate):
+    if verdict in ("both-pass", "both-skip"):
+        return _first_line(candidate) if verdict == "both-skip" else ""
+    if verdict == "candidate-only-pass":
+        return f"the baseline did not pass ({baseline['status']}: {_first_line(baseline)})"
+    if verdict in ("both-fail", "baseline-fails"):
+        return (f"no verdict: the baseline fails too ({_first_line(baseline)}); "
+                f"candidate {candidate['status']}: {_first_line(candidate)}")
+    if verdict == "candidate-skips":
+        return f"the candidate skips a test the baseline passes: {_first_line(candidate)}"
+    return f"candidate {candidate['status']}: {_first_line(candidate)}"
+
+
+def side_counts(side_results):
+    """{status: count} of one side's records (passed, failed, error, skipped, xfailed, xpassed)."""
+    return dict(Counter(record["status"] for record in side_results.values()))
+
+
+def judge(nodeid, baseline, candidate):
+    """The report.json result for one test from its two side records (None: not collected there)."""
+    baseline, candidate = baseline or NOT_COLLECTED, candidate or NOT_COLLECTED
+    verdict, status = _VERDICT[outcome(baseline), outcome(candidate)]
+    return {
+        "id": nodeid,
+        "area": "upstream",
+        "method": None,
+        "status": status,
+        "message": _message(verdict, baseline, candidate),
+        "duration_s": round(candidate.get("duration_s", 0.0), 4),
+        "evidence": {
+            "verdict": verdict,
+            "baseline": baseline["status"],
+            "candidate": candidate["status"],
+            "baseline_message": _first_line(baseline),
+            "candidate_message": _first_line(candidate),
+            "baseline_duration_s": baseline.get("duration_s", 0.0),
+        },
+        "traceback": candidate.get("traceback", "") if status == "failed" else "",
+    }
+
+
+def judge_all(baseline_results, candidate_results):
+    """Results for every test either side ran, in DeepSpeed's order (baseline's first)."""
+    order = list(dict.fromkeys([*baseline_results, *candidate_results]))
+    return [judge(nodeid, baseline_results.get(nodeid), candidate_results.get(nodeid)) for nodeid in order]
+
+
+def file_of(nodeid):
+    return nodeid.split("::", 1)[0]
+
+
+def per_file(results):
+    """{test file: {"tests", baseline/candidate outcome counts, verdict counts}} in file order."""
+    files = {}
+    for result in results:
+        row = files.setdefault(file_of(result["id"]), {"tests": 0, "baseline": Counter(), "candidate": Counter(),
+                                                        "verdicts": Counter()})
+        row["tests"] += 1
+        row["baseline"][_OUTCOME[result["evidence"]["baseline"]]] += 1
+        row["candidate"][_OUTCOME[result["evidence"]["candidate"]]] += 1
+        row["verdicts"][result["evidence"]["verdict"]] += 1
+    return {path: {"tests": row["tests"], "baseline": dict(row["baseline"]), "candidate": dict(row["candidate"]),
+                   "verdicts": dict(row["verdicts"])} for path, row in files.items()}
+

@@ -1,0 +1,162 @@
+"""`python -m harness upstream` on a small tests tree shaped like DeepSpeed's (tests/upstream_tree/):
+verdicts, report rows, selection matching, stale entries, and a bounded time for a rank that dies
+or a test that hangs. The real DeepSpeed checkout is not available to CI; the tree stands in."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from harness import upstream_run, upstream_selection, upstream_verdicts
+
+REPO = Path(__file__).resolve().parents[1]
+TREE = REPO / "tests" / "upstream_tree"
+BASICS = "unit/comm/test_accelerator_basics.py"
+
+
+@pytest.fixture
+def tree(tmp_path):
+    """A private copy: its path marks every process of the run, so none may outlive it."""
+    copy = tmp_path / "deepspeed"
+    shutil.copytree(TREE, copy)
+    return copy
+
+
+def processes_under(path):
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        try:
+            if any(str(path) in part for part in process.info["cmdline"] or ()):
+                found.append(process.pid)
+        except psutil.Error:
+            continue
+    return found
+
+
+def upstream(tmp_path, tree, *args):
+    out = tmp_path / "run"
+    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
+    proc = subprocess.run([sys.executable, "-m", "harness", "upstream", "--deepspeed-src", str(tree),
+                           "--selection", str(tree / "selection.toml"), "--out", str(out), "--timeout", "20", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else None
+    return proc, report, out
+
+
+def verdicts_of(report):
+    return {r["id"].split("::", 1)[1]: (r["evidence"]["verdict"], r["status"]) for r in report["results"]}
+
+
+@pytest.mark.slow
+def test_broken_candidate_regresses_where_it_breaks_and_nowhere_else(tmp_path, tree):
+    proc, report, out = upstream(tmp_path, tree, "--candidate",
+                                 str(REPO / "tests" / "candidates" / "cpu_rng_state.py") + ":CpuRngState")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert verdicts_of(report) == {
+        "TestDeviceArithmetic::test_add": ("both-pass", "passed"),
+        "TestRngState::test_restore_replays": ("regression", "failed"),
+        "TestNeedsDevice::test_not_on_cpu": ("candidate-only-pass", "xpassed"),  # listed in [[known]]
+        "TestRankDies::test_rank_killed": ("both-fail", "skipped"),
+        "test_runs_in_the_session": ("both-pass", "passed"),
+        "test_hangs_when_asked": ("both-pass", "passed"),
+    }
+    regression = next(r for r in report["results"] if r["evidence"]["verdict"] == "regression")
+    assert regression["evidence"]["baseline"] == "passed" and regression["evidence"]["candidate"] == "failed"
+    assert "REGRESSION unit/comm/test_accelerator_basics.py::TestRngState::test_restore_replays" in proc.stdout
+    # the rank killed by a signal: DeepSpeed-style pool timeout, then the session resumed after it
+    died = next(r for r in report["results"] if "TestRankDies" in r["id"])
+    assert died["evidence"]["candidate"] == "error" and "Test hanged" in died["evidence"]["candidate_message"]
+    assert report["upstream"]["sides"]["candidate"]["sessions"] == 2
+    # selection matching: two stale entries, one known difference unmatched, one that now passes
+    assert report["upstream"]["stale_selection"] == ["unit/comm/test_removed_upstream.py",
+                                                     f"{BASICS} (TestRenamedUpstream)"]
+    assert [e["id"] for e in report["expectations"]["unmatched"]] == ["unit/comm/test_gone.py::*"]
+    assert report["expectations"]["xpassed"] == [f"{BASICS}::TestNeedsDevice::test_not_on_cpu"]
+    assert report["upstream"]["files"][BASICS] == {
+        "tests": 6, "baseline": {"pass": 4, "skip": 1, "fail": 1}, "candidate": {"pass": 4, "fail": 2},
+        "verdicts": {"both-pass": 3, "regression": 1, "candidate-only-pass": 1, "both-fail": 1}}
+    assert report["environment"]["deepspeed_src_version"] is None and report["suite"] == "upstream"
+    # report.md: the per-file row, no path of this machine, and junit with the area
+    markdown = (out / "report.md").read_text()
+    assert f"| `{BASICS}` | 6 | 4/1/1 | 4/2/0 |" in markdown and str(tree) not in markdown
+    assert 'testsuite name="upstream"' in (out / "junit.xml").read_text()
+    assert processes_under(tree) == []
+
+
+@pytest.mark.slow
+def test_deepspeed_xla_passes_what_the_broken_candidate_fails(tmp_path, tree):
+    proc, report, _ = upstream(tmp_path, tree, "-k", "RngState or NeedsDevice")
+    assert verdicts_of(report) == {"TestRngState::test_restore_replays": ("both-pass", "passed"),
+                                   "TestNeedsDevice::test_not_on_cpu": ("candidate-only-pass", "xpassed")}
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert report["environment"]["env"]["DS_ACCELERATOR"] == "xla"
+
+
+def test_a_hung_test_is_stopped_in_bounded_time_and_the_run_goes_on(tmp_path, tree):
+    env = {**os.environ, "TREE_HANG": "1", "DS_ACCELERATOR": "cpu"}
+    said = []
+    run = upstream_run.run_side(name="baseline", tests_dir=tree / "tests",
+                                targets=[f"{BASICS}::test_hangs_when_asked", f"{BASICS}::test_runs_in_the_session"],
+                                pytest_args=[], env=env, workdir=tmp_path, timeout_s=3, say=said.append, grace_s=2)
+    hung = run.results[f"{BASICS}::test_hangs_when_asked"]
+    assert hung["status"] == "error" and "did not finish within 5 s" in hung["message"]
+    assert run.results[f"{BASICS}::test_runs_in_the_session"]["status"] == "passed"
+    assert run.stopped == [f"{BASICS}::test_hangs_when_asked"] and run.sessions == 2
+    assert run.seconds < 60 and processes_under(tree) == []
+
+
+@pytest.mark.parametrize("baseline, candidate, verdict, status", [
+    ("passed", "passed", "both-pass", "passed"),
+    ("skipped", "passed", "candidate-only-pass", "passed"),
+    ("failed", "xpassed", "candidate-only-pass", "passed"),
+    ("passed", "failed", "regression", "failed"),
+    ("passed", "error", "regression", "failed"),
+    ("xpassed", "skipped", "candidate-skips", "failed"),
+    ("passed", None, "candidate-skips", "failed"),  # not collected on the candidate
+    ("skipped", "failed", "candidate-only-fail", "failed"),
+    ("failed", "error", "both-fail", "skipped"),
+    ("error", "skipped", "baseline-fails", "skipped"),
+    ("skipped", "xfailed", "both-skip", "skipped"),
+])
+def test_verdicts(baseline, candidate, verdict, status):
+    record = lambda s: None if s is None else {"status": s, "message": f"{s} here", "duration_s": 1.0}  # noqa: E731
+    result = upstream_verdicts.judge("f.py::t", record(baseline), record(candidate))
+    assert (result["evidence"]["verdict"], result["status"]) == (verdict, status)
+    assert result["area"] == "upstream"
+    if verdict == "regression":
+        assert result["message"] == f"candidate {candidate}: {candidate} here"
+
+
+@pytest.mark.parametrize("text, reason", [
+    ("", "selects no tests"),
+    ("[[tests]]\nwhy = 'x'\n", "tests #1 lacks path"),
+    ("[[tests]]\npath = '/abs/test_x.py'\n", "path must be relative"),
+    ("[[tests]]\npath = 'unit/t.py'\nids = 'TestX'\n", "ids must be a list"),
+    ("[[tests]]\npath = 'unit/t.py'\n[[known]]\nid = 'unit/t.py::*'\nreason = 'r'\n", "known #1 lacks link"),
+    ("[[tests]\n", "not valid TOML"),
+])
+def test_selection_errors_are_one_line(tmp_path, text, reason):
+    path = tmp_path / "selection.toml"
+    path.write_text(text)
+    with pytest.raises(upstream_selection.SelectionError, match=reason) as error:
+        upstream_selection.load(path)
+    assert "\n" not in str(error.value)
+
+
+def test_selection_entries_match_node_ids():
+    entry = upstream_selection.Entry("unit/a.py", ("TestX", "test_y"))
+    assert entry.targets == ["unit/a.py::TestX", "unit/a.py::test_y"]
+    assert entry.covers("unit/a.py::TestX::test[1]") and entry.covers("unit/a.py::test_y[p]")
+    assert not entry.covers("unit/a.py::TestXL::test") and not entry.covers("unit/b.py::TestX::test")
+
+
+def test_the_shipped_selection_for_the_pinned_deepspeed_loads():
+    from importlib import metadata
+    selection = upstream_selection.load(upstream_selection.default_path(metadata.version("deepspeed")))
+    assert selection.deepspeed == metadata.version("deepspeed")
+    assert len(selection.targets) >= 10 and all(k.reason and k.link for k in selection.known)
