@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import (candidates, curves, environment, expectations, references, report_json, report_junit, report_md,
-               run_dir, suites, training, upstream)
+from . import (candidates, curves, environment, expectations, outcomes, process_group, references, report_json,
+               report_junit, report_md, run_dir, suites, training, upstream)
 from .plugin import OUT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -50,6 +50,8 @@ def _parser():
     run.add_argument("--expectations", help="expectations TOML (default fixtures/expectations/<candidate>-<backend>.toml)")
     run.add_argument("--workers", type=int, default=0, help="pytest-xdist worker processes (default 0: one process)")
     run.add_argument("--timeout", type=int, default=600, help="seconds one check may take (default 600)")
+    run.add_argument("--repeat", type=int, default=1,
+                     help="run every selected check N times; a check whose status changes is reported flaky (default 1)")
     run.add_argument("--reference", choices=references.MODES, default="live",
                      help="CPU reference curves of the zero, pipeline and scripts cases: trained live in this run "
                           "(default), or stored in fixtures/references/ (used only where fresh for this stack)")
@@ -99,8 +101,8 @@ def _plan(args):
         expected = expectations.load(expectation_path)
     except expectations.ExpectationsError as err:
         raise UsageError(str(err)) from None
-    if args.workers < 0 or args.timeout <= 0:
-        raise UsageError("--workers must be >= 0 and --timeout > 0")
+    if args.workers < 0 or args.timeout <= 0 or args.repeat < 1:
+        raise UsageError("--workers must be >= 0, --timeout > 0 and --repeat >= 1")
     device_kind, device_count = environment.devices(args.backend)
     if device_count < 1:
         raise UsageError(f"--backend {args.backend}: no {device_kind} devices found on this host")
@@ -108,22 +110,23 @@ def _plan(args):
 
 
 def _run_child(command, env):
-    """Run the checks; (pytest exit code or -signal, interrupted by the user)."""
-    child = subprocess.Popen(command, env=env, cwd=REPO)
+    """Run the checks; (pytest exit code or -signal, interrupted by the user).
+
+    The child runs in a session of its own, so whatever its checks start (launchers, ranks,
+    pools) can be stopped with it; a Ctrl-C or SIGTERM here is forwarded to it as SIGINT, so
+    pytest ends the check in progress and streams what it has.
+    """
+    child = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True)
     try:
         return child.wait(), False
     except KeyboardInterrupt:
-        # A terminal Ctrl-C reaches the child too and it stops on its own; a signal sent to
-        # this process alone does not, so it is forwarded if the child keeps running.
-        for forward in (False, True):
-            if forward:
-                child.send_signal(signal.SIGINT)
-            try:
-                return child.wait(timeout=60 if forward else 5), True
-            except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                pass
-        child.kill()
-        return child.wait(), True
+        try:
+            return process_group.stop(child, first=signal.SIGINT, wait_s=60), True
+        except KeyboardInterrupt:  # asked twice: stop now
+            child.kill()
+            return child.wait(), True
+    finally:
+        process_group.reap(child)
 
 
 def _relevant(expected, modules):
@@ -132,15 +135,25 @@ def _relevant(expected, modules):
     return [e for e in expected if any(e.concerns(name) for name in names)]
 
 
-def finish(*, out, run_id, suite, expected, env_fingerprint, child_rc, interrupted):
-    """Write report.json, junit.xml, report.md and plots from the run's parts; returns the report."""
-    results, session = report_json.read_parts(out / "parts")
-    complete = not interrupted and child_rc in _FINISHED and bool(session.get("finished"))
+def repeat_dir(out, attempt):
+    """Where attempt k (1-based) of a --repeat run streams its parts: the run directory, then repeat-<k>/."""
+    return out if attempt == 1 else out / f"repeat-{attempt}"
+
+
+def finish(*, out, run_id, suite, expected, env_fingerprint, child_rcs, interrupted):
+    """Write report.json, junit.xml, report.md and plots from the run's parts (one set per attempt
+    of a --repeat run, merged: a check whose status changed is flaky); returns the report."""
+    attempts = [report_json.read_parts(repeat_dir(out, k) / "parts") for k in range(1, len(child_rcs) + 1)]
+    session = attempts[0][1]
+    results = outcomes.merge_attempts([results for results, _ in attempts])
+    complete = (not interrupted and all(rc in _FINISHED for rc in child_rcs)
+                and all(attempt_session.get("finished") for _, attempt_session in attempts))
     unmatched = expectations.apply(results, expected) if complete else []
     artifacts = curves.plot_results(results, out)
     report = report_json.build(run_id=run_id, suite=suite, results=results, session=session,
                                environment=env_fingerprint, complete=complete, unmatched_expectations=unmatched,
                                artifacts=artifacts)
+    report["repeat"] = len(child_rcs)
     report_json.write(report, out / "report.json")
     report_junit.write(results, out / "parts", out / "junit.xml")
     report_md.write(report, out / "report.md")
@@ -148,13 +161,15 @@ def finish(*, out, run_id, suite, expected, env_fingerprint, child_rc, interrupt
 
 
 def exit_status(report):
-    return 0 if report["complete"] and report["summary"]["failed"] == 0 else 1
+    s = report["summary"]
+    return 0 if report["complete"] and s["failed"] == 0 and s["flaky"] == 0 else 1
 
 
 def _summary_line(report):
     s, cov = report["summary"], report["coverage"]["interface"]
     line = (f"{s['passed']} passed, {s['failed']} failed, {s['xfailed']} xfailed, {s['xpassed']} xpassed, "
-            f"{s['skipped']} skipped ({s['total']} total)")
+            f"{s['skipped']} skipped" + (f", {s['flaky']} flaky" if s["flaky"] else "")
+            + f" ({s['total']} total" + (f", each run {report['repeat']} times)" if report["repeat"] > 1 else ")"))
     if "interface" in suites.SUITES[report["suite"]]:
         line += f"; interface coverage {cov['checked']}/{cov['total']}"
         if cov["unchecked"]:
@@ -177,14 +192,23 @@ def run(args):
                *[str(m) for m in modules], *[a for a in args.pytest_args if a != "--"]]
     print(f"harness: suite {args.suite} on {args.backend}, candidate {spec.text}: {len(modules)} modules -> {out}",
           flush=True)
-    child_rc, interrupted = _run_child(command, env)
+    child_rcs, interrupted = [], False
+    for attempt in range(1, args.repeat + 1):
+        if attempt > 1:
+            print(f"harness: attempt {attempt} of {args.repeat}", flush=True)
+        env[OUT_ENV] = str(run_dir.prepare(repeat_dir(out, attempt)))
+        child_rc, interrupted = _run_child(command, env)
+        child_rcs.append(child_rc)
+        if interrupted:
+            break
     fingerprint = environment.fingerprint(args.backend, spec.text, device_kind, device_count, env)
     report = finish(out=out, run_id=run_id, suite=args.suite, expected=_relevant(expected, modules),
-                    env_fingerprint=fingerprint, child_rc=child_rc, interrupted=interrupted)
+                    env_fingerprint=fingerprint, child_rcs=child_rcs, interrupted=interrupted)
     latest = run_dir.point_latest(out)
     for result in report["results"]:
-        if result["status"] == "failed":
-            print(f"harness: FAILED {result['id']}: {result['message'].splitlines()[0] if result['message'] else ''}")
+        if result["status"] in ("failed", "flaky"):
+            print(f"harness: {result['status'].upper()} {result['id']}: "
+                  f"{result['message'].splitlines()[0] if result['message'] else ''}")
     for entry in report["expectations"]["unmatched"]:
         print(f"harness: expectation matched no test: {entry['id']}")
     for test_id in report["expectations"]["xpassed"]:
@@ -212,7 +236,13 @@ def record_references(args):
     return 1 if failed else 0
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv=None):
+    # A cancelled CI job gets SIGTERM: stop like a Ctrl-C (children stopped, report written, marked incomplete).
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         args = _parser().parse_args(argv)
         commands = {"run": run, "references": record_references, "bench": run_benchmarks, "upstream": upstream.run}

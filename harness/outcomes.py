@@ -70,3 +70,30 @@ def result_record(nodeid, reports):
         "evidence": properties.get("evidence") or {},
         "traceback": traceback,
     }
+
+
+def merge_attempts(attempts):
+    """One result per check from the results of repeated runs of the same checks (lists of records).
+
+    A check with the same status every time keeps its first record; one whose status changed is
+    `flaky`, with every status in its evidence and the message of its first non-passing attempt.
+    A check missing from an attempt (an interrupted attempt) is judged on the attempts that ran it.
+    """
+    if len(attempts) == 1:
+        return list(attempts[0])
+    merged = {}
+    for records in attempts:
+        for record in records:
+            merged.setdefault(record["id"], []).append(record)
+    results = []
+    for records in merged.values():
+        statuses = [record["status"] for record in records]
+        if len(set(statuses)) == 1:
+            results.append(records[0])
+            continue
+        odd = next(record for record in records if record["status"] != "passed")
+        results.append({**odd, "status": "flaky",
+                        "message": _clip(f"flaky over {len(statuses)} runs ({', '.join(statuses)}): {odd['message']}",
+                                         MESSAGE_LIMIT),
+                        "evidence": {**odd["evidence"], "statuses": statuses}})
+    return results

@@ -8,7 +8,7 @@ from .plugin import RESULTS_FILE, SESSION_FILE
 from .suites import area_of_module
 
 SCHEMA_VERSION = 1
-STATUSES = ("passed", "failed", "xfailed", "xpassed", "skipped")
+STATUSES = ("passed", "failed", "flaky", "xfailed", "xpassed", "skipped")
 
 
 def read_parts(parts_dir):

@@ -11,7 +11,7 @@ def _case(result):
     case = TestCase(name=name or result["id"], classname=module.replace("/", ".").removesuffix(".py"),
                     time=result["duration_s"])
     status, message = result["status"], result["message"]
-    if status == "failed":
+    if status in ("failed", "flaky"):
         failure = Failure(message=message.splitlines()[0] if message else "failed")
         failure.text = result.get("traceback") or message
         case.result = [failure]

@@ -20,7 +20,6 @@ Results join report.json / junit.xml / report.md as area `upstream` (verdicts: u
 """
 
 import os
-import signal
 from pathlib import Path
 
 from . import (candidates, environment, expectations, report_json, report_junit, report_md, run_dir,
@@ -108,20 +107,15 @@ def run(args):
     _say(f"upstream: {len(targets)} target(s) from {selection.path.name} in {tests_dir}, "
          f"candidate {spec.text} vs DeepSpeed's CPU accelerator -> {out}")
     sides, interrupted = {}, False
-    previous_term = signal.signal(signal.SIGTERM, _raise_interrupt)
-    try:
-        for side in SIDES:
-            _say(f"upstream: {side} ({'DS_ACCELERATOR=cpu' if side == 'baseline' else spec.text})")
-            sides[side] = upstream_run.run_side(name=side, tests_dir=tests_dir, targets=targets,
-                                                pytest_args=pytest_args, env=envs[side], workdir=parts,
-                                                timeout_s=args.timeout, say=_say)
-            counts = upstream_verdicts.side_counts(sides[side].results)
-            _say(f"upstream: {side}: {_counts_text(counts)} in {sides[side].seconds:.0f} s")
-            if sides[side].interrupted:
-                interrupted = True
-                break
-    finally:
-        signal.signal(signal.SIGTERM, previous_term)
+    for side in SIDES:
+        _say(f"upstream: {side} ({'DS_ACCELERATOR=cpu' if side == 'baseline' else spec.text})")
+        sides[side] = upstream_run.run_side(name=side, tests_dir=tests_dir, targets=targets, pytest_args=pytest_args,
+                                            env=envs[side], workdir=parts, timeout_s=args.timeout, say=_say)
+        counts = upstream_verdicts.side_counts(sides[side].results)
+        _say(f"upstream: {side}: {_counts_text(counts)} in {sides[side].seconds:.0f} s")
+        if sides[side].interrupted:
+            interrupted = True
+            break
     report = _report(run_id=run_id, out=out, src=src, spec=spec, selection=selection, missing=missing,
                      sides=sides, args=args, env=envs["candidate"], complete=not interrupted and len(sides) == 2)
     latest = run_dir.point_latest(out)
@@ -143,10 +137,6 @@ def run(args):
 
 def _counts_text(counts):
     return ", ".join(f"{count} {status}" for status, count in counts.items()) or "no tests"
-
-
-def _raise_interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _without_checkout_path(results, src):

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import process_group
 from .upstream_plugin import UPSTREAM_EVENTS_ENV
 
 GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
@@ -55,24 +56,6 @@ def _overdue(events, limit_s, now):
     running = [e for e in events if e["event"] == "start" and e["id"] not in finished]
     late = [e for e in running if now - e["time"] > limit_s]
     return late[0]["id"] if late else None
-
-
-def _stop_group(process):
-    """SIGTERM the session's process group, SIGKILL what is left after 10 s."""
-    for sig, wait_s in ((signal.SIGTERM, 10), (signal.SIGKILL, 30)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            pass
-        try:
-            process.wait(timeout=wait_s)
-            break
-        except subprocess.TimeoutExpired:
-            continue
-    try:  # pool workers may outlive the session leader by a moment
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _lost(nodeid, reason):
@@ -114,10 +97,11 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
                     stopped = _overdue(_events(events_path), timeout_s + grace_s, time.time())
                     if stopped:
                         say(f"{name}: {stopped} ran past {timeout_s + grace_s} s; stopping its session")
-                        _stop_group(process)
+                        process_group.stop(process)
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: leave no rank behind
                 run.interrupted = True
-            _stop_group(process)  # pool workers or a forkserver that outlived pytest
+                process_group.stop(process, first=signal.SIGINT)
+            process_group.reap(process)  # pool workers or a forkserver that outlived pytest
         events = _events(events_path)
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]
         collected = next((e["ids"] for e in events if e["event"] == "collected"), None)

@@ -1,4 +1,5 @@
-"""A run interrupted with Ctrl-C still writes its reports, marked incomplete, and fails."""
+"""A run interrupted with Ctrl-C or SIGTERM stops everything it started, still writes its reports,
+marked incomplete, and fails."""
 
 import json
 import os
@@ -7,6 +8,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,3 +33,38 @@ def test_ctrl_c_writes_incomplete_report(tmp_path):
     assert report["summary"]["total"] >= 5
     assert "INCOMPLETE run" in output and "Incomplete run" in (out / "report.md").read_text()
     assert (tmp_path / "reports" / "latest" / "report.json").is_file()
+
+
+def processes_of_run(out):
+    """Processes started for this run: they inherit the run directory in HARNESS_OUT."""
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("HARNESS_OUT", "").startswith(str(out)):
+                found.append(process)
+        except psutil.Error:
+            continue
+    return found
+
+
+def test_sigterm_stops_every_rank_and_writes_incomplete_report(tmp_path):
+    """A cancelled CI job: SIGTERM to the harness alone, while DeepSpeed's launcher runs ranks."""
+    out = tmp_path / "run"
+    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", "collectives",
+                             "--out", str(out)], cwd=REPO, env=env, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 300
+    ranks = []
+    while time.monotonic() < deadline and not ranks:
+        ranks = [p for p in processes_of_run(out) if "collectives.py" in " ".join(p.cmdline())]
+        time.sleep(0.5)
+    assert ranks, "no rank of the collectives fixture started"
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] is False and "INCOMPLETE run" in output
+    time.sleep(2)
+    left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if p.is_running()]
+    assert left == [], f"processes outlived the run: {left}"

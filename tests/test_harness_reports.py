@@ -64,9 +64,9 @@ FINGERPRINT = {"python": "3.11", "backend": "cpu", "device_kind": "PJRT CPU", "d
                "candidate": "fake", "env": {"PJRT_DEVICE": "CPU"}}
 
 
-def finish(out, expected=(), child_rc=1, interrupted=False, suite="interface"):
-    return cli.finish(out=out, run_id="run-1", suite=suite, expected=list(expected),
-                      env_fingerprint=FINGERPRINT, child_rc=child_rc, interrupted=interrupted)
+def finish(out, expected=(), child_rc=1, interrupted=False, suite="interface", child_rcs=None):
+    return cli.finish(out=out, run_id="run-1", suite=suite, expected=list(expected), env_fingerprint=FINGERPRINT,
+                      child_rcs=child_rcs or [child_rc], interrupted=interrupted)
 
 
 def test_report_from_parts(tmp_path):
@@ -81,7 +81,8 @@ def test_report_from_parts(tmp_path):
         '<testsuite name="zero-rank1" tests="1"><testcase classname="zero" name="test_rank1" time="1"/></testsuite>')
     report = finish(tmp_path)
     assert report["schema_version"] == 1 and report["complete"] is True
-    assert report["summary"] == {"passed": 1, "failed": 1, "xfailed": 0, "xpassed": 0, "skipped": 1, "total": 3}
+    assert report["summary"] == {"passed": 1, "failed": 1, "flaky": 0, "xfailed": 0, "xpassed": 0, "skipped": 1,
+                                 "total": 3}
     # a skipped check does not count as checking its method
     assert report["coverage"]["interface"] == {"total": 3, "checked": 2, "unchecked": ["on_accelerator"]}
     assert report["environment"]["accelerator_class"] == "fake.Accel"
@@ -96,7 +97,7 @@ def test_report_from_parts(tmp_path):
 
     markdown = (tmp_path / "report.md").read_text()
     assert "## DeepSpeed XLA conformance: FAIL" in markdown
-    assert "| interface | 1 | 1 | 0 | 0 | 1 | 3 |" in markdown
+    assert "| interface | 1 | 1 | 0 | 0 | 0 | 1 | 3 |" in markdown
     assert "<details><summary>❌ <code>conformance/test_interface_device.py::test_synchronize[None]</code>" in markdown
     assert "Interface coverage: 2/3" in markdown and "`on_accelerator`" in markdown
     assert "![loss curves](curves/" in markdown and "| env PJRT_DEVICE | `CPU` |" in markdown
@@ -231,3 +232,28 @@ def test_report_says_where_reference_curves_came_from(tmp_path):
     assert ("CPU reference curves: 1 stored (fixtures/references/, recorded for this torch and DeepSpeed), "
             "2 trained live in this run. 1 stored curve(s) could not be used; each check's evidence says why. "
             "The 1 trained here differ from their stored curves by at most 2.5e-08 relative.") in markdown, markdown
+
+
+def test_repeated_runs_report_a_changing_check_as_flaky_never_as_a_pass(tmp_path):
+    statuses = {"t_steady": ["passed"] * 3, "t_flaky": ["passed", "failed", "passed"], "t_broken": ["failed"] * 3}
+    for attempt in (1, 2, 3):
+        write_parts(cli.repeat_dir(tmp_path, attempt), [
+            result(f"{DEVICE}::{name}", runs[attempt - 1], "synchronize", message=f"{runs[attempt - 1]} in {attempt}")
+            for name, runs in statuses.items()])
+    report = finish(tmp_path, child_rcs=[1, 1, 1])
+    by_id = {r["id"].split("::")[1]: r for r in report["results"]}
+    assert {name: r["status"] for name, r in by_id.items()} == {
+        "t_steady": "passed", "t_flaky": "flaky", "t_broken": "failed"}
+    assert by_id["t_flaky"]["evidence"]["statuses"] == ["passed", "failed", "passed"]
+    assert by_id["t_flaky"]["message"] == "flaky over 3 runs (passed, failed, passed): failed in 2"
+    assert report["summary"]["flaky"] == 1 and report["repeat"] == 3 and cli.exit_status(report) == 1
+    assert "Flaky (status changed between repeated runs) (1)" in (tmp_path / "report.md").read_text()
+    junit = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
+    assert junit.failures == 2
+
+
+def test_repeated_run_with_no_changes_passes(tmp_path):
+    for attempt in (1, 2):
+        write_parts(cli.repeat_dir(tmp_path, attempt), [result(f"{DEVICE}::t", "passed", "synchronize")])
+    report = finish(tmp_path, child_rcs=[0, 0])
+    assert report["summary"]["passed"] == 1 and report["summary"]["total"] == 1 and cli.exit_status(report) == 0

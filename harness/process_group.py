@@ -1,0 +1,34 @@
+"""Stopping a child and everything it started: the harness starts each child in a session of its
+own, so its ranks, launchers and multiprocessing pools share the child's process group."""
+
+import os
+import signal
+import subprocess
+
+
+def stop(process, first=signal.SIGTERM, wait_s=10):
+    """Send `first` to the child's process group, SIGKILL it after wait_s; the child's exit status.
+
+    Members that outlive the leader (pool workers, orphaned ranks) are killed as well.
+    """
+    for sig, timeout in ((first, wait_s), (signal.SIGKILL, 30)):
+        _signal_group(process.pid, sig)
+        try:
+            process.wait(timeout=timeout)
+            break
+        except subprocess.TimeoutExpired:
+            continue
+    _signal_group(process.pid, signal.SIGKILL)
+    return process.returncode
+
+
+def reap(process):
+    """Kill what a finished child left running in its group (it must have exited)."""
+    _signal_group(process.pid, signal.SIGKILL)
+
+
+def _signal_group(pgid, sig):
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
