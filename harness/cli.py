@@ -243,8 +243,12 @@ def _interrupt(signum, frame):
 def main(argv=None):
     # A cancelled CI job gets SIGTERM: stop like a Ctrl-C (children stopped, report written, marked incomplete).
     signal.signal(signal.SIGTERM, _interrupt)
+    extensions = environment.use_stack_extensions()
     try:
         args = _parser().parse_args(argv)
+        stale = environment.stale_lock_line(environment.stale_build_locks(extensions))
+        if stale and args.command != "bench":
+            raise UsageError(stale)
         commands = {"run": run, "references": record_references, "bench": run_benchmarks, "upstream": upstream.run}
         return commands[args.command](args)
     except (UsageError, upstream.UpstreamUsageError) as err:

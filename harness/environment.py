@@ -10,6 +10,8 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
+import time
 from importlib import metadata
 from pathlib import Path
 
@@ -103,3 +105,65 @@ def fingerprint(backend, candidate_text, device_kind, device_count, env):
         "harness_revision": git_revision(REPO),
         "env": {name: env[name] for name in ENV_ALLOWLIST if name in env},
     }
+
+
+EXTENSIONS_ENV = "TORCH_EXTENSIONS_DIR"
+STALE_LOCK_AGE_S = 60
+
+
+def use_stack_extensions(environ=os.environ):
+    """Point TORCH_EXTENSIONS_DIR at the ops scripts/xla_stack.py prebuilt in this environment
+    (sys.prefix/torch_extensions), unless it is set or there is none; the directory in use.
+
+    DeepSpeed JIT-builds its C++ ops into ~/.cache/torch_extensions by default, shared by every
+    environment on the machine: two environments rebuild the same op alternately, and a build
+    killed midway leaves a lock that makes every later load wait forever.
+    """
+    prebuilt = Path(sys.prefix) / "torch_extensions"
+    if EXTENSIONS_ENV not in environ and prebuilt.is_dir():
+        environ[EXTENSIONS_ENV] = str(prebuilt)
+    return Path(environ.get(EXTENSIONS_ENV) or Path.home() / ".cache" / "torch_extensions")
+
+
+def stale_build_locks(root, now=None):
+    """Build locks under `root` (torch's FileBaton `lock` files) that no build holds any more.
+
+    torch creates `<op build dir>/lock` for the length of a build and every later load of the
+    op waits until it disappears; its owner is not recorded. A lock is stale when it is older
+    than STALE_LOCK_AGE_S and no process works in that build directory (ninja and the compiler
+    run there for the whole build).
+    """
+    if not root or not Path(root).is_dir():
+        return []
+    locks = [lock for lock in Path(root).glob("**/lock")
+             if (now or time.time()) - lock.stat().st_mtime > STALE_LOCK_AGE_S]
+    if not locks:
+        return []
+    import psutil
+    busy = set()
+    for process in psutil.process_iter():
+        try:
+            busy.add(Path(process.cwd()))
+        except psutil.Error:
+            continue
+    return [lock for lock in locks if not any(cwd == lock.parent or lock.parent in cwd.parents for cwd in busy)]
+
+
+def lock_note(root):
+    """What a check stuck until its timeout may have waited for: the build locks under root, or ''."""
+    locks = sorted(Path(root).glob("**/lock")) if Path(root).is_dir() else []
+    if not locks:
+        return ""
+    stale = set(stale_build_locks(root))
+    return "; build locks present: " + ", ".join(
+        f"{lock} ({'stale: no process is building there' if lock in stale else 'a build in progress'})"
+        for lock in locks)
+
+
+def stale_lock_line(locks):
+    """One line naming stale build locks and what to do, or None."""
+    if not locks:
+        return None
+    return (f"stale build lock{'s' if len(locks) > 1 else ''} {', '.join(map(str, locks))}: no process is building "
+            "there (a build was killed midway), and every load of that op would wait for it forever; delete it and "
+            "run again")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from . import candidates, checklist, references
+from . import candidates, checklist, environment, references
 from .outcomes import result_record
 from .suites import AREAS, area_of_module
 
@@ -138,7 +138,10 @@ class HarnessSession:
 
     def pytest_runtest_logfinish(self, nodeid, location):
         if self.recording and nodeid in self.phases:
-            self._emit({"event": "result", **result_record(nodeid, self.phases.pop(nodeid))})
+            record = result_record(nodeid, self.phases.pop(nodeid))
+            if record["status"] == "failed" and "Timeout (>" in record["message"]:  # pytest-timeout
+                record["message"] += environment.lock_note(environment.use_stack_extensions())
+            self._emit({"event": "result", **record})
 
     def pytest_collectreport(self, report):
         if self.recording and report.failed:

@@ -6,3 +6,8 @@ os.environ.setdefault("PJRT_DEVICE", "CPU")
 
 # A DeepSpeed-shaped tests tree that `python -m harness upstream` runs (test_harness_upstream.py), not ours.
 collect_ignore = ["upstream_tree"]
+
+# DeepSpeed's C++ ops prebuilt in the stack (scripts/xla_stack.py): no test JIT-builds one.
+from harness.environment import use_stack_extensions  # noqa: E402
+
+use_stack_extensions()
