@@ -5,7 +5,8 @@ fixtures/collectives.py runs on the candidate under DeepSpeed's launcher
 (`deepspeed --num_gpus N`) and checks each case against its closed-form result
 (rank-dependent inputs, nccl-tests style): in-place results, AVG, views, outputs aliasing
 inputs (ZeRO-3's flat buffers), async handles, coalescing, subgroups, point to point and a
-real barrier. One launch per world size; one check
+real barrier; and misused calls (sizes, list lengths, split sizes that do not fit), which must
+be refused at once on every rank, naming the operation, leaving the group usable. One launch per world size; one check
 per case and world size, named after the case.
 """
 
@@ -51,6 +52,9 @@ def test_collective(case, world_size, evidence, tmp_path_factory):
     missing = [rank for rank, result in per_rank.items() if result is None]
     assert not missing, (f"ranks {missing} of {world_size} wrote no results (launcher exit {run.returncode}); "
                          f"log tail:\n{run.log[-3000:]}")
+    unfinished = [rank for rank, result in per_rank.items() if case not in result]
+    assert not unfinished, (f"ranks {unfinished} of {world_size} have no result for {case}: they died or hung in it "
+                            f"or before it (launcher exit {run.returncode}); log tail:\n{run.log[-3000:]}")
     failures = {rank: result[case]["detail"] for rank, result in per_rank.items() if not result[case]["ok"]}
     evidence.update(world_size=world_size, failed_ranks=sorted(failures))
     assert not failures, "\n".join(f"{case} on rank {rank} of {world_size}: {detail}"

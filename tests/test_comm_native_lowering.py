@@ -105,3 +105,22 @@ def test_unsupported_requests_name_rank_and_op(device):
         pg.alltoall_base(torch.empty(3, device=device), torch.ones(3, device=device), [1, 2], [2, 1], None)
     with pytest.raises(CollectiveError, match=r"rank 1 .*recv\(src=None\)"):
         pg.recv_anysource([torch.empty(1, device=device)], 0)
+
+
+def test_misused_collectives_are_refused_before_tracing(device):
+    """Like the host bridge (and gloo): sizes and list lengths are checked before anything is traced."""
+    pg = XlaNativeProcessGroup(1, 2, global_ranks=[0, 1], world_size=2)
+    inp = torch.ones(4, device=device)
+    with pytest.raises(CollectiveError, match=r"rank 1 in group \[0, 1\]: all_gather: invalid tensor size at index 1 "
+                                              r"\(expected \(4\), got \(2\)\)"):
+        pg.allgather([[torch.zeros(4, device=device), torch.zeros(2, device=device)]], [inp])
+    with pytest.raises(CollectiveError, match=r"all_gather: output list must hold one tensor per rank "
+                                              r"\(expected 2, got 3\)"):
+        pg.allgather([[torch.zeros(4, device=device)] * 3], [inp])
+    with pytest.raises(CollectiveError, match=r"all_gather_into_tensor: output has 7 elements, expected 4 \(input\) x 2"):
+        pg._allgather_base(torch.zeros(7, device=device), inp)
+    with pytest.raises(CollectiveError, match=r"reduce_scatter_tensor: input has 4 elements, expected 3 \(output\) x 2"):
+        pg._reduce_scatter_base(torch.zeros(3, device=device), inp, opts(ReduceScatterOptions, dist.ReduceOp.SUM))
+    with pytest.raises(CollectiveError, match=r"send: a rank cannot send to or receive from itself"):
+        pg.send([inp], 1, 0)
+    assert runtime.traced_hlo([inp]).count("all-gather") == 0

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 
-from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, describe
+from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments, describe
 
 
 def _done(result):
@@ -193,6 +193,7 @@ class HostBridgeProcessGroup(ProcessGroup):
                     host.floor_divide_(self.size())
 
     def allreduce(self, tensors, opts):
+        arguments.same_shape(self._where("all_reduce"), tensors, tensors[0])
         hosts = [_host(t) for t in tensors]
         self._allreduce_host(hosts, opts.reduceOp, "all_reduce")
         for tensor, host in zip(tensors, hosts):
@@ -214,6 +215,7 @@ class HostBridgeProcessGroup(ProcessGroup):
     def reduce(self, tensors, opts):
         # gloo's reduce has no AVG; an all-reduce gives every rank the value and only
         # the root keeps it: torch.distributed.reduce leaves the others' tensors as they were.
+        arguments.same_shape(self._where("reduce"), tensors, tensors[0])
         hosts = [_host(t).clone() if t.device.type == "cpu" else _host(t) for t in tensors]
         self._allreduce_host(hosts, opts.reduceOp, f"reduce(root={self._global_ranks[opts.rootRank]})")
         if self.rank() == opts.rootRank:
@@ -225,28 +227,32 @@ class HostBridgeProcessGroup(ProcessGroup):
         # All operands are read before any output is written (outputs may alias inputs).
         flats = [torch.cat([_host(t).reshape(-1) for t in inputs]) for inputs in inputs_per_output]
         for output, flat in zip(outputs, flats):
-            if flat.numel() != output.numel() * self.size():
-                raise CollectiveError(f"{self._where(name)}: input has {flat.numel()} elements, expected "
-                                      f"{output.numel()} (output) x {self.size()} (group size)")
-        for output, flat in zip(outputs, flats):
             self._allreduce_host([flat], op, name)
             shard = output.numel()
             _write_back(output, flat[self.rank() * shard:(self.rank() + 1) * shard].view(output.shape))
 
     def reduce_scatter(self, output_tensors, input_tensors_list, opts):
+        for output, inputs in zip(output_tensors, input_tensors_list):
+            arguments.one_per_rank(self._where("reduce_scatter"), inputs, self.size(), "input list")
+            arguments.same_shape(self._where("reduce_scatter"), inputs, output)
         self._reduce_scatter(output_tensors, input_tensors_list, opts.reduceOp, "reduce_scatter")
         return _done(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts):
+        arguments.flat_sizes(self._where("reduce_scatter_tensor"), input, output, self.size(), "input", "output")
         self._reduce_scatter([output], [[input]], opts.reduceOp, "reduce_scatter_tensor")
         return _done([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
+        for output, input in zip(outputs, inputs):
+            arguments.flat_sizes(self._where("reduce_scatter_tensor_coalesced"), input, output, self.size(), "input",
+                                 "output")
         self._reduce_scatter(outputs, [[t] for t in inputs], opts.reduceOp, "reduce_scatter_tensor_coalesced")
         return _done(outputs)
 
     # -- gathers and broadcasts -------------------------------------------------------
     def broadcast(self, tensors, opts):
+        arguments.same_shape(self._where("broadcast"), tensors, tensors[0])
         hosts = [_host(t) for t in tensors]
         self._run(f"broadcast(src={self._global_ranks[opts.rootRank]})", lambda: self._gloo.broadcast(hosts, opts))
         if self.rank() != opts.rootRank:
@@ -262,6 +268,7 @@ class HostBridgeProcessGroup(ProcessGroup):
         return host_outputs
 
     def allgather(self, output_tensors_list, input_tensors, opts=None):
+        arguments.per_rank_lists(self._where("all_gather"), output_tensors_list, input_tensors, self.size())
         gathered = [self._gather_hosts(input, "all_gather") for input in input_tensors]
         for outputs, hosts in zip(output_tensors_list, gathered):
             for output, host in zip(outputs, hosts):
@@ -272,13 +279,11 @@ class HostBridgeProcessGroup(ProcessGroup):
         return self.allgather(output_lists, input_tensors, opts)
 
     def _gather_into(self, outputs, inputs, name):
+        for output, input in zip(outputs, inputs):
+            arguments.flat_sizes(self._where(name), output, input, self.size(), "output", "input")
         gathered = [self._gather_hosts(input, name) for input in inputs]
-        for output, input, hosts in zip(outputs, inputs, gathered):
-            flat = torch.cat([h.reshape(-1) for h in hosts])
-            if flat.numel() != output.numel():
-                raise CollectiveError(f"{self._where(name)}: output has {output.numel()} elements, expected "
-                                      f"{input.numel()} (input) x {self.size()} (group size)")
-            _write_back(output, flat.view(output.shape))
+        for output, hosts in zip(outputs, gathered):
+            _write_back(output, torch.cat([h.reshape(-1) for h in hosts]).view(output.shape))
 
     def _allgather_base(self, output, input, opts=None):
         self._gather_into([output], [input], "all_gather_into_tensor")
@@ -291,13 +296,20 @@ class HostBridgeProcessGroup(ProcessGroup):
     def gather(self, output_tensors_list, input_tensors, opts):
         # Everyone gathers (gloo's gather needs host buffers on the root only); the
         # root keeps the result.
-        hosts = self._gather_hosts(input_tensors[0], f"gather(dst={self._global_ranks[opts.rootRank]})")
+        name = f"gather(dst={self._global_ranks[opts.rootRank]})"
+        if self.rank() == opts.rootRank:
+            arguments.per_rank_lists(self._where(name), output_tensors_list, input_tensors, self.size())
+        hosts = self._gather_hosts(input_tensors[0], name)
         if self.rank() == opts.rootRank:
             for output, host in zip(output_tensors_list[0], hosts):
                 _write_back(output, host.view(output.shape))
         return _done(output_tensors_list[0] if output_tensors_list else [])
 
     def scatter(self, output_tensors, input_tensors_list, opts):
+        if self.rank() == opts.rootRank:
+            where = self._where(f"scatter(src={self._global_ranks[opts.rootRank]})")
+            arguments.one_per_rank(where, input_tensors_list[0], self.size(), "input list")
+            arguments.same_shape(where, input_tensors_list[0], output_tensors[0])
         host_output = _host_empty(output_tensors[0])
         host_inputs = [[_host(t) for t in input_tensors_list[0]]] if input_tensors_list else []
         self._run(f"scatter(src={self._global_ranks[opts.rootRank]})",
@@ -306,6 +318,9 @@ class HostBridgeProcessGroup(ProcessGroup):
         return _done(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
+        arguments.splits(self._where("all_to_all_single"), input, input_split_sizes, self.size(), "input")
+        arguments.splits(self._where("all_to_all_single"), output, output_split_sizes, self.size(), "output")
+        arguments.same_dtype(self._where("all_to_all_single"), [input, output])
         host_output = _host_empty(output)
         host_input = _host(input)
         self._run("all_to_all_single", lambda: self._gloo.alltoall_base(host_output, host_input, output_split_sizes,
@@ -315,6 +330,9 @@ class HostBridgeProcessGroup(ProcessGroup):
 
     def alltoall(self, output_tensors, input_tensors, opts):
         # gloo has only the single-tensor form: flatten, exchange with split sizes, unflatten.
+        arguments.one_per_rank(self._where("all_to_all"), input_tensors, self.size(), "input list")
+        arguments.one_per_rank(self._where("all_to_all"), output_tensors, self.size(), "output list")
+        arguments.same_dtype(self._where("all_to_all"), [*input_tensors, *output_tensors])
         host_input = torch.cat([_host(t).reshape(-1) for t in input_tensors])
         host_output = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
         out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
@@ -327,14 +345,16 @@ class HostBridgeProcessGroup(ProcessGroup):
     def send(self, tensors, dst, tag):
         # Point to point stays asynchronous (isend/irecv pairs may cross): the host copy
         # is taken now, the transfer completes when the caller waits.
-        hosts = [_host(t) for t in tensors]
         op = f"send(dst={self._global_ranks[dst]})"
+        arguments.peer(self._where(op), dst, self.rank(), self.size())
+        hosts = [_host(t) for t in tensors]
         self._enter(op)
         return _PendingWork(self, op, self._gloo.send(hosts, dst, tag), tensors)
 
     def recv(self, tensors, src, tag):
-        hosts = [_host_empty(t) for t in tensors]
         op = f"recv(src={self._global_ranks[src]})"
+        arguments.peer(self._where(op), src, self.rank(), self.size())
+        hosts = [_host_empty(t) for t in tensors]
         self._enter(op)
 
         def land():

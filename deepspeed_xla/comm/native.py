@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
 from .. import runtime
-from . import BACKEND_NAME, CollectiveError, describe
+from . import BACKEND_NAME, CollectiveError, arguments, describe
 
 
 def _done(result):
@@ -72,8 +72,11 @@ class XlaNativeProcessGroup(ProcessGroup):
         world = self._world_size or (dist.get_world_size() if dist.is_initialized() else self.size())
         return replica_groups(self._global_ranks, max(world, max(self._global_ranks) + 1))
 
+    def _where(self, op):
+        return describe(self._global_ranks[self.rank()], self._global_ranks, op)
+
     def _error(self, op, why):
-        return CollectiveError(f"{describe(self._global_ranks[self.rank()], self._global_ranks, op)} is not supported "
+        return CollectiveError(f"{self._where(op)} is not supported "
                                f"by the XLA native transport: {why}")
 
     def _kind(self, op, name):
@@ -94,6 +97,7 @@ class XlaNativeProcessGroup(ProcessGroup):
 
     # -- reductions ---------------------------------------------------------------------
     def allreduce(self, tensors, opts):
+        arguments.same_shape(self._where("all_reduce"), tensors, tensors[0])
         kind, scale = self._kind(opts.reduceOp, "all_reduce")
         for tensor in tensors:
             _write(tensor, runtime.all_reduce(kind, tensor, self.groups, scale))
@@ -119,13 +123,13 @@ class XlaNativeProcessGroup(ProcessGroup):
 
     def _reduce_scatter(self, output, flat_input, op, name):
         kind, scale = self._kind(op, name)
-        if flat_input.numel() != output.numel() * self.size():
-            raise CollectiveError(f"{describe(self._global_ranks[self.rank()], self._global_ranks, name)}: input has "
-                                  f"{flat_input.numel()} elements, expected {output.numel()} x {self.size()}")
+        arguments.flat_sizes(self._where(name), flat_input, output, self.size(), "input", "output")
         _write(output, runtime.reduce_scatter(kind, flat_input, self.size(), self.groups, scale))
 
     def reduce_scatter(self, output_tensors, input_tensors_list, opts):
         for output, inputs in zip(output_tensors, input_tensors_list):
+            arguments.one_per_rank(self._where("reduce_scatter"), inputs, self.size(), "input list")
+            arguments.same_shape(self._where("reduce_scatter"), inputs, output)
             self._reduce_scatter(output, torch.cat([t.reshape(-1) for t in inputs]), opts.reduceOp, "reduce_scatter")
         return _done(output_tensors)
 
@@ -140,6 +144,7 @@ class XlaNativeProcessGroup(ProcessGroup):
 
     # -- gathers, broadcasts, scatter ---------------------------------------------------
     def broadcast(self, tensors, opts):
+        arguments.same_shape(self._where("broadcast"), tensors, tensors[0])
         # The root contributes its value, everyone else zeros: a sum is the root's value.
         for tensor in tensors:
             contribution = tensor if self.rank() == opts.rootRank else torch.zeros_like(tensor)
@@ -150,6 +155,7 @@ class XlaNativeProcessGroup(ProcessGroup):
         return runtime.all_gather(input.reshape(1, -1), self.groups)  # [group size, numel]
 
     def allgather(self, output_tensors_list, input_tensors, opts=None):
+        arguments.per_rank_lists(self._where("all_gather"), output_tensors_list, input_tensors, self.size())
         for outputs, input in zip(output_tensors_list, input_tensors):
             gathered = self._gathered(input)
             for i, output in enumerate(outputs):
@@ -160,15 +166,21 @@ class XlaNativeProcessGroup(ProcessGroup):
         return self.allgather(output_lists, input_tensors, opts)
 
     def _allgather_base(self, output, input, opts=None):
+        arguments.flat_sizes(self._where("all_gather_into_tensor"), output, input, self.size(), "output", "input")
         _write(output, self._gathered(input))
         return _done([output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         for output, input in zip(outputs, inputs):
+            arguments.flat_sizes(self._where("all_gather_into_tensor_coalesced"), output, input, self.size(), "output",
+                                 "input")
+        for output, input in zip(outputs, inputs):
             _write(output, self._gathered(input))
         return _done(outputs)
 
     def gather(self, output_tensors_list, input_tensors, opts):
+        if self.rank() == opts.rootRank:
+            arguments.per_rank_lists(self._where("gather"), output_tensors_list, input_tensors, self.size())
         gathered = self._gathered(input_tensors[0])
         if self.rank() == opts.rootRank:
             for i, output in enumerate(output_tensors_list[0]):
@@ -179,6 +191,8 @@ class XlaNativeProcessGroup(ProcessGroup):
         # The root's list, summed with everyone else's zeros, then each rank's shard.
         output = output_tensors[0]
         if self.rank() == opts.rootRank:
+            arguments.one_per_rank(self._where("scatter"), input_tensors_list[0], self.size(), "input list")
+            arguments.same_shape(self._where("scatter"), input_tensors_list[0], output)
             stacked = torch.cat([t.reshape(-1) for t in input_tensors_list[0]])
         else:
             stacked = torch.zeros(output.numel() * self.size(), dtype=output.dtype, device=output.device)
@@ -186,6 +200,9 @@ class XlaNativeProcessGroup(ProcessGroup):
         return _done(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
+        arguments.splits(self._where("all_to_all_single"), input, input_split_sizes, self.size(), "input")
+        arguments.splits(self._where("all_to_all_single"), output, output_split_sizes, self.size(), "output")
+        arguments.same_dtype(self._where("all_to_all_single"), [input, output])
         if output_split_sizes or input_split_sizes:
             even_in = input.shape[0] // self.size()
             even_out = output.shape[0] // self.size()
@@ -195,6 +212,9 @@ class XlaNativeProcessGroup(ProcessGroup):
         return _done([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):
+        arguments.one_per_rank(self._where("all_to_all"), input_tensors, self.size(), "input list")
+        arguments.one_per_rank(self._where("all_to_all"), output_tensors, self.size(), "output list")
+        arguments.same_dtype(self._where("all_to_all"), [*input_tensors, *output_tensors])
         if len({tuple(t.shape) for t in input_tensors}) > 1:
             raise self._error("all_to_all(tensors of different shapes)", "XLA's all-to-all exchanges equal chunks")
         exchanged = runtime.all_to_all(torch.stack(input_tensors), self.size(), self.groups)
@@ -204,6 +224,7 @@ class XlaNativeProcessGroup(ProcessGroup):
 
     # -- point to point and synchronisation ---------------------------------------------
     def send(self, tensors, dst, tag):
+        arguments.peer(self._where("send"), dst, self.rank(), self.size())
         pair = [[self._global_ranks[self.rank()], self._global_ranks[dst]]]
         # The permute has no consumer on the sending side: keep its result alive through
         # a sync so that the graph containing it runs now, in step with the receiver's.
@@ -213,6 +234,7 @@ class XlaNativeProcessGroup(ProcessGroup):
         return _done(tensors)
 
     def recv(self, tensors, src, tag):
+        arguments.peer(self._where("recv"), src, self.rank(), self.size())
         pair = [[self._global_ranks[src], self._global_ranks[self.rank()]]]
         for tensor in tensors:
             _write(tensor, runtime.collective_permute(tensor, pair))
