@@ -30,6 +30,21 @@ def test_get_rng_state(accel, xla_device, evidence):
                              "must capture the device generator (activation checkpointing replays dropout with it)")
 
 
+def test_get_rng_state__reading_leaves_the_generator_alone(accel, xla_device, evidence):
+    """DeepSpeed reads the state at every checkpointed forward and backward; reading must not move
+    the generator (on XLA it would replay the step's earlier dropout masks)."""
+    accel.manual_seed(11)
+    _draws(xla_device)
+    unread = _draws(xla_device)
+    accel.manual_seed(11)
+    _draws(xla_device)
+    accel.get_rng_state()
+    after_read = _draws(xla_device)
+    evidence.update(unread=unread, after_read=after_read)
+    assert after_read == unread, "get_rng_state() moved the XLA generator: the draws after it differ from a run " \
+                                 "that did not read the state"
+
+
 @pytest.mark.parametrize("form", [None, *INDEX_FORMS])
 def test_set_rng_state(accel, xla_device, form):
     index = None if form is None else INDEX_FORMS[form](0)

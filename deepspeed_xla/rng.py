@@ -46,19 +46,27 @@ class XlaGenerator:
         self._armed = False
 
     def get_state(self):
-        # After a mid-step restore, torch_xla's base is the reset one until the next sync: the base
-        # that sync will put back is the step's real one.
-        base = self._base_at_sync if self._base_at_sync is not None else runtime.get_rng_base_seed(self.device)
-        return seeds_to_state(base, runtime.get_rng_seed(self.device))
+        running = runtime.get_rng_seed(self.device)
+        if self._base_at_sync is not None:
+            # After a mid-step restore, torch_xla's base is the reset one until the next sync: the
+            # base that sync will put back is the step's real one.
+            return seeds_to_state(self._base_at_sync, running)
+        # Reading the base rewinds torch_xla's running seed to it: carry on from `running`.
+        base = runtime.get_rng_base_seed(self.device)
+        self._resume(base, running)
+        return seeds_to_state(base, running)
 
     def set_state(self, state):
-        base, running = state_to_seeds(state)
+        self._resume(*state_to_seeds(state))
+        return self
+
+    def _resume(self, base, running):
+        """Random ops continue from `running`; the step's base is `base` at the next sync."""
         runtime.set_rng_seed(running, self.device)
         self._base_at_sync = base if base != running else None
         if self._base_at_sync is not None and not self._armed:
             self._armed = True
             runtime.after_next_sync(self._restore_base)
-        return self
 
     def _restore_base(self):
         self._armed = False

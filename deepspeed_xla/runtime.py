@@ -100,7 +100,8 @@ def set_rng_seed(seed, device):
 
 def get_rng_base_seed(device):
     """The base seed of the current step: torch_xla derives the next step's from it at each sync,
-    whatever the running seed is then (one scalar read from the device)."""
+    whatever the running seed is then (one scalar read from the device). torch_xla rewinds the
+    running seed to the base when it hands the base out: read the running seed first."""
     return int(torch_xla._XLAC._get_base_seed_as_tensor(str(device)).item()) & _SEED_MASK
 
 

@@ -235,12 +235,12 @@ def compare_losses(reference, candidate, precision):
     }
 
 
-def describe_mismatch(evidence, what):
+def describe_mismatch(evidence, what, reference="the CPU reference"):
     """One paragraph a reader understands without the test: where and by how much."""
     if evidence["steps"] != evidence["candidate_steps"]:
         return f"{what}: candidate logged {evidence['candidate_steps']} steps, reference {evidence['steps']}"
     step = evidence["first_diverging_step"]
-    return (f"{what}: loss diverges from the CPU reference at step {step} "
+    return (f"{what}: loss diverges from {reference} at step {step} "
             f"(reference {evidence['reference'][step]!r}, candidate {evidence['candidate'][step]!r}); "
             f"max rel err {evidence['max_rel_err']:.3g} over {evidence['steps']} steps, "
             f"tolerance rtol={evidence['rtol']:g} atol={evidence['atol']:g}")

@@ -23,6 +23,7 @@ REFERENCE_RUNS = {
     "graph": ("graph", None, 5),
     "scripts-1rank": ("scripts", "1rank", 26),  # user-script patterns and config variants, ZeRO 0-3
     "scripts-2ranks": ("scripts", "2rank", 7),
+    "scripts-checkpointing": ("scripts", "activation_checkpointing", 2),  # dropout, checkpointed vs plain
 }
 
 
@@ -64,6 +65,9 @@ CAUGHT = {
         f"test_collectives.py::test_collective[{case}-2ranks]" for case in (
             "misuse_all_gather_sizes_differ", "misuse_all_gather_list_length", "misuse_all_gather_into_tensor_size",
             "misuse_reduce_scatter_tensor_size", "misuse_all_to_all_single_splits")}),
+    # the recomputed dropout draws from a device generator the CPU state never restored
+    "cpu_rng_state.py:CpuRngState": ("scripts", "activation_checkpointing and zero2", {
+        "test_scripts_activation_checkpointing.py::test_activation_checkpointing_keeps_the_training_trajectory[zero2]"}),
     "step_shaped_adam.py:StepShapedAdam": ("graph", "zero2", {
         f"test_graph_recompilation.py::test_training_step_stops_compiling_after_warmup[{config}]"
         for config in ("zero2", "zero2_bf16")}),

@@ -1,0 +1,33 @@
+"""Activation checkpointing does not change the training trajectory on the candidate.
+
+fixtures/train_dropout.py puts dropout inside a `deepspeed.checkpointing.checkpoint` block.
+DeepSpeed saves the device RNG state before the block's forward pass, restores it to
+recompute the block in the backward pass, then restores the state it had before: the
+recomputed dropout mask must be the original one, and the generator must end where the
+plain run leaves it, so the checkpointed and the plain run of the same seeded script agree
+loss by loss (as they do on DeepSpeed's CPU accelerator). The reference here is the
+candidate's own plain run: dropout streams differ between devices, so the CPU curve cannot be.
+"""
+
+import pytest
+
+from harness import candidates
+from harness.training import TrainingCase, compare_losses, describe_mismatch
+
+pytestmark = pytest.mark.area("scripts")
+
+STEPS = 6
+
+
+@pytest.mark.parametrize("config", ["zero2", "zero3"])
+def test_activation_checkpointing_keeps_the_training_trajectory(config, evidence, tmp_path):
+    spec = candidates.spec_from_env()
+    runs = {}
+    for mode, args in (("plain", ()), ("checkpointed", ("--checkpoint-activations", ))):
+        case = TrainingCase("scripts", f"dropout-{mode}-{config}-1rank", "train_dropout.py", f"configs/{config}.json",
+                            "fp32", 1, STEPS, args)
+        runs[mode] = case.run(spec, tmp_path / mode)
+    comparison = compare_losses(runs["plain"].losses, runs["checkpointed"].losses, "fp32")
+    evidence.update(comparison, config=config, device=runs["checkpointed"].device)
+    assert comparison["ok"], describe_mismatch(comparison, f"activation checkpointing with {config}",
+                                               reference="the plain run of the same seeded script")
