@@ -129,6 +129,44 @@ def _run_child(command, env):
         process_group.reap(child)
 
 
+def _how_it_ended(returncode):
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return f"signal {-returncode} ({signal.Signals(-returncode).name})"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def _run_isolating_crashes(command, targets, pytest_args, env, parts):
+    """Run the checks; when a check ends the child process (an abort, a segfault, a kill), record it
+    as an error naming how, and start a new child on the checks not yet run.
+
+    Returns (the last child's exit code, interrupted). Each restart runs at least one check
+    fewer, so the loop ends.
+    """
+    pending = targets
+    while True:
+        returncode, interrupted = _run_child([*command, *pending, *pytest_args], env)
+        if interrupted or returncode in _FINISHED:
+            return returncode, interrupted
+        collected, started, finished = report_json.progress(parts)
+        crashed = [nodeid for nodeid in started if nodeid not in finished]
+        if collected is None or not crashed:
+            return returncode, interrupted
+        for nodeid in crashed:
+            report_json.append_result(parts, {
+                "id": nodeid, "status": "error", "duration_s": 0.0, "evidence": {}, "traceback": "",
+                "message": f"the check's process ended ({_how_it_ended(returncode)}) before the check finished; "
+                           "the other checks ran on in a new process"})
+        done = set(started)
+        pending = [nodeid for nodeid in collected if nodeid not in done]
+        print(f"harness: {crashed[-1]} ended its process ({_how_it_ended(returncode)}); "
+              f"{len(pending)} check(s) left, resumed in a new process", flush=True)
+        if not pending:
+            return 0, False
+
+
 def _relevant(expected, modules):
     """Expectations for modules this suite runs (others cannot match, and are not 'unmatched')."""
     names = [module.relative_to(REPO).as_posix() for module in modules]
@@ -161,13 +199,13 @@ def finish(*, out, run_id, suite, expected, env_fingerprint, child_rcs, interrup
 
 
 def exit_status(report):
-    s = report["summary"]
-    return 0 if report["complete"] and s["failed"] == 0 and s["flaky"] == 0 else 1
+    return 0 if report["complete"] and not any(report["summary"][s] for s in report_json.FAILING) else 1
 
 
 def _summary_line(report):
     s, cov = report["summary"], report["coverage"]["interface"]
-    line = (f"{s['passed']} passed, {s['failed']} failed, {s['xfailed']} xfailed, {s['xpassed']} xpassed, "
+    line = (f"{s['passed']} passed, {s['failed']} failed, {s['error']} error, {s['xfailed']} xfailed, "
+            f"{s['xpassed']} xpassed, "
             f"{s['skipped']} skipped" + (f", {s['flaky']} flaky" if s["flaky"] else "")
             + f" ({s['total']} total" + (f", each run {report['repeat']} times)" if report["repeat"] > 1 else ")"))
     if "interface" in suites.SUITES[report["suite"]]:
@@ -188,8 +226,8 @@ def run(args):
     env[OUT_ENV] = str(out)
     command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
                "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference, "-q", "-rfEX",
-               *(["-n", str(args.workers), "--dist", "loadfile"] if args.workers else []),
-               *[str(m) for m in modules], *[a for a in args.pytest_args if a != "--"]]
+               *(["-n", str(args.workers), "--dist", "loadfile"] if args.workers else [])]
+    pytest_args = [a for a in args.pytest_args if a != "--"]
     print(f"harness: suite {args.suite} on {args.backend}, candidate {spec.text}: {len(modules)} modules -> {out}",
           flush=True)
     child_rcs, interrupted = [], False
@@ -197,7 +235,8 @@ def run(args):
         if attempt > 1:
             print(f"harness: attempt {attempt} of {args.repeat}", flush=True)
         env[OUT_ENV] = str(run_dir.prepare(repeat_dir(out, attempt)))
-        child_rc, interrupted = _run_child(command, env)
+        child_rc, interrupted = _run_isolating_crashes(command, [str(m) for m in modules], pytest_args, env,
+                                                       repeat_dir(out, attempt) / "parts")
         child_rcs.append(child_rc)
         if interrupted:
             break
@@ -206,7 +245,7 @@ def run(args):
                     env_fingerprint=fingerprint, child_rcs=child_rcs, interrupted=interrupted)
     latest = run_dir.point_latest(out)
     for result in report["results"]:
-        if result["status"] in ("failed", "flaky"):
+        if result["status"] in report_json.FAILING:
             print(f"harness: {result['status'].upper()} {result['id']}: "
                   f"{result['message'].splitlines()[0] if result['message'] else ''}")
     for entry in report["expectations"]["unmatched"]:

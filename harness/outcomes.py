@@ -25,16 +25,25 @@ def _clip(text, limit):
     return text if len(text) <= limit else text[:limit] + " ...[truncated]"
 
 
+TIMEOUT_MARK = "Timeout (>"  # pytest-timeout's failure message
+
+
 def status_of(reports):
-    """(status, deciding report) for one test's phase reports, in the order they ran."""
+    """(status, deciding report) for one test's phase reports, in the order they ran.
+
+    `error`: the check could not be set up or torn down, ran out of time, or never finished
+    (its process ended); `failed`: it ran and got a wrong answer.
+    """
     for report in reports:
         if report.failed:
+            if report.when != "call" or TIMEOUT_MARK in _text(report.longrepr):
+                return "error", report
             return "failed", report
         if report.skipped:
             return ("xfailed" if getattr(report, "wasxfail", None) is not None else "skipped"), report
     call = next((r for r in reports if r.when == "call"), None)
     if call is None:  # set up, then its process or session ended: it never ran to completion
-        return "failed", None
+        return "error", None
     if getattr(call, "wasxfail", None) is not None:
         return "xpassed", call
     return "passed", call
@@ -49,14 +58,14 @@ def result_record(nodeid, reports):
     meta = properties.get("harness", {})
     message = ""
     traceback = ""
-    if deciding is None and status == "failed":
+    if deciding is None and status == "error":
         message = "the test was set up, then its session or process ended before the test ran to completion"
     if deciding is not None:
         if status in ("xfailed", "xpassed"):
             message = str(deciding.wasxfail)
         else:
             message = _text(deciding.longrepr)
-        if status == "failed":
+        if status in ("failed", "error"):
             if deciding.when != "call":
                 message = f"error in {deciding.when}: {message}"
             traceback = _clip(getattr(deciding, "longreprtext", "") or "", TRACEBACK_LIMIT)

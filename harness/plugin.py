@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from . import candidates, checklist, environment, references
-from .outcomes import result_record
+from .outcomes import TIMEOUT_MARK, result_record
 from .suites import AREAS, area_of_module
 
 OUT_ENV = "HARNESS_OUT"
@@ -68,7 +68,7 @@ class HarnessSession:
             self._write_session(finished=False)
             if self.candidate_error is not None:
                 self._emit({"event": "result", "id": CANDIDATE_RESULT_ID, "area": "candidate", "method": None,
-                            "status": "failed", "message": self.candidate_error, "duration_s": 0.0,
+                            "status": "error", "message": self.candidate_error, "duration_s": 0.0,
                             "evidence": {}, "traceback": ""})
 
     # What the candidate and the checklist were, for the report.
@@ -127,7 +127,12 @@ class HarnessSession:
         if item.nodeid in self.problems:
             pytest.fail(self.problems[item.nodeid], pytrace=False)
 
-    # Recording (controller only): start markers let the report name a test whose process died.
+    # Recording (controller only): what was collected and start markers let the report name a test
+    # whose process died, and let the harness resume the run after it.
+    def pytest_collection_finish(self, session):
+        if self.recording:
+            self._emit({"event": "collected", "ids": [item.nodeid for item in session.items]})
+
     def pytest_runtest_logstart(self, nodeid, location):
         if self.recording:
             self._emit({"event": "start", "id": nodeid})
@@ -139,14 +144,14 @@ class HarnessSession:
     def pytest_runtest_logfinish(self, nodeid, location):
         if self.recording and nodeid in self.phases:
             record = result_record(nodeid, self.phases.pop(nodeid))
-            if record["status"] == "failed" and "Timeout (>" in record["message"]:  # pytest-timeout
+            if record["status"] == "error" and TIMEOUT_MARK in record["message"]:
                 record["message"] += environment.lock_note(environment.use_stack_extensions())
             self._emit({"event": "result", **record})
 
     def pytest_collectreport(self, report):
         if self.recording and report.failed:
             self._emit({"event": "result", "id": report.nodeid, "area": area_of_module(report.nodeid),
-                        "method": None, "status": "failed",
+                        "method": None, "status": "error",
                         "message": f"collection error: {report.longreprtext.strip().splitlines()[-1]}",
                         "duration_s": 0.0, "evidence": {}, "traceback": report.longreprtext[-8000:]})
 

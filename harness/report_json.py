@@ -8,40 +8,69 @@ from .plugin import RESULTS_FILE, SESSION_FILE
 from .suites import area_of_module
 
 SCHEMA_VERSION = 1
-STATUSES = ("passed", "failed", "flaky", "xfailed", "xpassed", "skipped")
+STATUSES = ("passed", "failed", "error", "flaky", "xfailed", "xpassed", "skipped")
+# Statuses that fail a run: a wrong answer, a check that crashed, timed out or could not be set up,
+# and one whose answer changed between repeated runs.
+FAILING = ("failed", "error", "flaky")
 
 
 def read_parts(parts_dir):
     """(results, session) from a run's parts directory.
 
     A test that started but has no result lost its process (a crash, a kill, a timeout
-    that ended the process): it is reported as failed, naming that.
+    that ended the process): it is reported as an error, naming that.
     """
     parts_dir = Path(parts_dir)
     session_path = parts_dir / SESSION_FILE
     session = json.loads(session_path.read_text()) if session_path.is_file() else {}
     results, started = {}, []
-    path = parts_dir / RESULTS_FILE
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue  # a line cut short by a killed process
-            if record.pop("event", None) == "start":
-                started.append(record["id"])
-            else:
-                results[record["id"]] = record
+    for record in _events(parts_dir):
+        event = record.pop("event", None)
+        if event == "start":
+            started.append(record["id"])
+        elif event != "collected":
+            results[record["id"]] = record
     for nodeid in started:
         if nodeid not in results:
             results[nodeid] = {
                 "id": nodeid, "area": area_of_module(nodeid.split("::", 1)[0]),
                 "method": checklist.method_of(nodeid.rsplit("::", 1)[-1], session.get("interface_methods", [])),
-                "status": "failed",
+                "status": "error",
                 "message": "the process running this check ended before the check finished "
                            "(crash, kill or interruption)",
                 "duration_s": 0.0, "evidence": {}, "traceback": ""}
     return list(results.values()), session
+
+
+def _events(parts_dir):
+    path = Path(parts_dir) / RESULTS_FILE
+    if not path.is_file():
+        return []
+    events = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            events.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a killed process
+    return events
+
+
+def append_result(parts_dir, record):
+    """Add a result the orchestrator knows and no check process could write (a crash)."""
+    session_path = Path(parts_dir) / SESSION_FILE
+    methods = json.loads(session_path.read_text()).get("interface_methods", []) if session_path.is_file() else []
+    area = area_of_module(record["id"].split("::", 1)[0])
+    method = checklist.method_of(record["id"].rsplit("::", 1)[-1], methods) if area == "interface" else None
+    with open(Path(parts_dir) / RESULTS_FILE, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"event": "result", "area": area, "method": method, **record}) + "\n")
+
+
+def progress(parts_dir):
+    """(the checks the last session collected or None, the checks that started, those with a result)."""
+    events = _events(parts_dir)
+    collected = next((e["ids"] for e in reversed(events) if e.get("event") == "collected"), None)
+    return (collected, [e["id"] for e in events if e.get("event") == "start"],
+            {e["id"] for e in events if e.get("event") == "result"})
 
 
 def summarize(results):

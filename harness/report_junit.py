@@ -3,7 +3,7 @@ rank processes and other tools drop into the run's parts directory."""
 
 from pathlib import Path
 
-from junitparser import Failure, JUnitXml, Skipped, TestCase, TestSuite
+from junitparser import Error, Failure, JUnitXml, Skipped, TestCase, TestSuite
 
 
 def _case(result):
@@ -11,8 +11,9 @@ def _case(result):
     case = TestCase(name=name or result["id"], classname=module.replace("/", ".").removesuffix(".py"),
                     time=result["duration_s"])
     status, message = result["status"], result["message"]
-    if status in ("failed", "flaky"):
-        failure = Failure(message=message.splitlines()[0] if message else "failed")
+    if status in ("failed", "error", "flaky"):
+        kind = Error if status == "error" else Failure
+        failure = kind(message=message.splitlines()[0] if message else status)
         failure.text = result.get("traceback") or message
         case.result = [failure]
     elif status in ("skipped", "xfailed"):

@@ -4,10 +4,10 @@ import html
 import json
 from collections import Counter
 
-from .report_json import STATUSES
+from .report_json import FAILING, STATUSES
 from .suites import SUITES
 
-_MARK = {"passed": "✅", "failed": "❌", "flaky": "🔀", "xfailed": "⚠️", "xpassed": "❗", "skipped": "⏭️"}
+_MARK = {"passed": "✅", "failed": "❌", "error": "💥", "flaky": "🔀", "xfailed": "⚠️", "xpassed": "❗", "skipped": "⏭️"}
 
 
 def _cell(text):
@@ -79,7 +79,7 @@ def _upstream_section(report):
 
 def render(report):
     summary, env = report["summary"], report["environment"]
-    verdict = "PASS" if summary["failed"] == 0 and summary["flaky"] == 0 and report["complete"] else "FAIL"
+    verdict = "PASS" if report["complete"] and not any(summary[s] for s in FAILING) else "FAIL"
     lines = [
         f"## DeepSpeed XLA conformance: {verdict}",
         "",
@@ -110,7 +110,8 @@ def render(report):
         lines += ["", f"Interface coverage: not measured (suite `{report['suite']}` does not run the interface area)", ""]
 
     artifacts = report.get("artifacts", {})
-    for status, title in (("failed", "Failures"), ("flaky", "Flaky (status changed between repeated runs)"),
+    for status, title in (("failed", "Failures"), ("error", "Errors (crashed, timed out or could not be set up)"),
+                          ("flaky", "Flaky (status changed between repeated runs)"),
                           ("xpassed", "Expected failures that passed"),
                           ("xfailed", "Expected failures")):
         selected = [r for r in report["results"] if r["status"] == status]

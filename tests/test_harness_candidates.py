@@ -62,7 +62,7 @@ def run_harness(tmp_path, *args):
 
 
 def failed_ids(report):
-    return {r["id"].removeprefix("conformance/") for r in report["results"] if r["status"] == "failed"}
+    return {r["id"].removeprefix("conformance/") for r in report["results"] if r["status"] in ("failed", "error")}
 
 
 def test_reference_candidate_passes_interface_suite(tmp_path):
@@ -92,7 +92,7 @@ def test_candidate_that_fails_to_construct_is_a_failed_run(tmp_path):
                                     f"{CANDIDATES}/fails_to_construct.py:FailsToConstruct")
     assert status == 1
     [result] = report["results"]
-    assert result["id"] == "candidate" and result["status"] == "failed"
+    assert result["id"] == "candidate" and result["status"] == "error"
     assert "RuntimeError: no XLA device configured for this candidate" in result["message"]
     assert "Traceback" not in result["message"]
 
@@ -133,3 +133,15 @@ link = "https://example.org/issues/3"
         "conformance/test_interface_device.py::test_removed_check"]
     markdown = (tmp_path / "run" / "report.md").read_text()
     assert "Expected failures that passed" in markdown and "test_removed_check" in markdown
+
+
+def test_a_crashing_check_is_an_error_and_every_other_check_still_runs(tmp_path):
+    status, report, stderr = run_harness(tmp_path, "--suite", "interface", "--candidate",
+                                         f"{CANDIDATES}/crashes_in_create_op_builder.py:CrashesInCreateOpBuilder")
+    assert report is not None, stderr
+    assert status == 1 and report["complete"], "a crash in one check must not end the run"
+    [crashed] = [r for r in report["results"] if r["status"] == "error"]
+    assert crashed["id"] == "conformance/test_interface_op_builders.py::test_create_op_builder"
+    assert "signal 6 (SIGABRT)" in crashed["message"] and crashed["method"] == "create_op_builder"
+    assert report["summary"]["failed"] == 0 and report["summary"]["passed"] > 100
+    assert report["coverage"]["interface"]["unchecked"] == []

@@ -22,12 +22,14 @@ def phase(when, outcome, **extra):
 @pytest.mark.parametrize("phases, status", [
     ([phase("setup", "passed"), phase("call", "passed"), phase("teardown", "passed")], "passed"),
     ([phase("setup", "passed"), phase("call", "failed"), phase("teardown", "passed")], "failed"),
-    ([phase("setup", "failed"), phase("teardown", "passed")], "failed"),
-    ([phase("setup", "passed"), phase("call", "passed"), phase("teardown", "failed")], "failed"),
+    ([phase("setup", "failed"), phase("teardown", "passed")], "error"),  # could not be set up
+    ([phase("setup", "passed"), phase("call", "passed"), phase("teardown", "failed")], "error"),
+    ([phase("setup", "passed"), phase("call", "failed", longrepr=SimpleNamespace(reprcrash=SimpleNamespace(
+        message="Failed: Timeout (>600.0s) from pytest-timeout."))), phase("teardown", "passed")], "error"),
     ([phase("setup", "skipped", longrepr=("f.py", 1, "Skipped: TPU only")), phase("teardown", "passed")], "skipped"),
     ([phase("setup", "passed"), phase("call", "skipped", wasxfail="known"), phase("teardown", "passed")], "xfailed"),
     ([phase("setup", "passed"), phase("call", "passed", wasxfail="known"), phase("teardown", "passed")], "xpassed"),
-    ([phase("setup", "passed")], "failed"),  # its session ended during the test (pytest.exit, a lost worker)
+    ([phase("setup", "passed")], "error"),  # its session ended during the test (pytest.exit, a lost worker)
 ])
 def test_status_of(phases, status):
     assert status_of(phases)[0] == status
@@ -81,8 +83,8 @@ def test_report_from_parts(tmp_path):
         '<testsuite name="zero-rank1" tests="1"><testcase classname="zero" name="test_rank1" time="1"/></testsuite>')
     report = finish(tmp_path)
     assert report["schema_version"] == 1 and report["complete"] is True
-    assert report["summary"] == {"passed": 1, "failed": 1, "flaky": 0, "xfailed": 0, "xpassed": 0, "skipped": 1,
-                                 "total": 3}
+    assert report["summary"] == {"passed": 1, "failed": 1, "error": 0, "flaky": 0, "xfailed": 0, "xpassed": 0,
+                                 "skipped": 1, "total": 3}
     # a skipped check does not count as checking its method
     assert report["coverage"]["interface"] == {"total": 3, "checked": 2, "unchecked": ["on_accelerator"]}
     assert report["environment"]["accelerator_class"] == "fake.Accel"
@@ -97,7 +99,7 @@ def test_report_from_parts(tmp_path):
 
     markdown = (tmp_path / "report.md").read_text()
     assert "## DeepSpeed XLA conformance: FAIL" in markdown
-    assert "| interface | 1 | 1 | 0 | 0 | 0 | 1 | 3 |" in markdown
+    assert "| interface | 1 | 1 | 0 | 0 | 0 | 0 | 1 | 3 |" in markdown
     assert "<details><summary>❌ <code>conformance/test_interface_device.py::test_synchronize[None]</code>" in markdown
     assert "Interface coverage: 2/3" in markdown and "`on_accelerator`" in markdown
     assert "![loss curves](curves/" in markdown and "| env PJRT_DEVICE | `CPU` |" in markdown
@@ -127,7 +129,7 @@ def test_interrupted_run_reports_incomplete_and_the_check_that_was_running(tmp_p
     report = finish(tmp_path, child_rc=-2, interrupted=True)
     assert report["complete"] is False and cli.exit_status(report) == 1
     dead = next(r for r in report["results"] if r["id"].endswith("test_synchronize[None]"))
-    assert dead["status"] == "failed" and "ended before the check finished" in dead["message"]
+    assert dead["status"] == "error" and "ended before the check finished" in dead["message"]
     assert dead["area"] == "interface" and dead["method"] == "synchronize"
     assert "Incomplete run" in (tmp_path / "report.md").read_text()
 
