@@ -85,6 +85,18 @@ def devices(backend):
     return os.environ.get("TPU_ACCELERATOR_TYPE", "TPU"), count_tpu_chips()
 
 
+_TRANSPORTS = {"bridge": "host bridge (gloo between host copies)", "native": "XLA-native collectives"}
+
+
+def collective_transport(candidate_text, backend, env):
+    """How deepspeed_xla's ranks exchange tensors in this run (its DS_XLA_COMM_TRANSPORT, else by
+    device: the host bridge on PJRT CPU, native on TPU); other candidates bring their own."""
+    if candidate_text != "deepspeed_xla":
+        return "the candidate's own"
+    chosen = env.get("DS_XLA_COMM_TRANSPORT", "").strip().lower() or ("bridge" if backend == "cpu" else "native")
+    return _TRANSPORTS.get(chosen, chosen)
+
+
 def fingerprint(backend, candidate_text, device_kind, device_count, env):
     """The fingerprint; `env` is the environment the checks ran with."""
     libtpu = installed_version("libtpu") or installed_version("libtpu-nightly")
@@ -102,6 +114,7 @@ def fingerprint(backend, candidate_text, device_kind, device_count, env):
         "device_kind": device_kind,
         "device_count": device_count,
         "candidate": candidate_text,
+        "collective_transport": collective_transport(candidate_text, backend, env),
         "harness_revision": git_revision(REPO),
         "env": {name: env[name] for name in ENV_ALLOWLIST if name in env},
     }

@@ -1,11 +1,32 @@
-"""report.md: a run's report ready to paste into a pull request."""
+"""report.md: a run's report ready to paste into a pull request.
+
+A pull-request comment holds 65,536 characters: report.md stays under LIMIT_BYTES whatever
+the run. It is rendered at the most detailed level that fits (evidence and tracebacks cut
+shorter at each level, then left to report.json, then the all-results table reduced to what
+did not pass). It names no path of the machine it ran on (the repository, the Python
+environment, the home and temporary directories become placeholders) nor its host name, and
+links loss-curve images as files of the run's artifact instead of embedding them, so a pasted
+report has no broken images.
+"""
 
 import html
 import json
+import os
+import socket
+import sys
+import tempfile
 from collections import Counter
+from pathlib import Path
 
 from .report_json import FAILING, STATUSES
 from .suites import SUITES
+
+LIMIT_BYTES = 60_000
+# (evidence characters, traceback characters, all results listed, details per failure) per level,
+# most detailed first; the last lists each failure on one line.
+LEVELS = ((2000, 3000, True, True), (800, 1200, True, True), (300, 0, True, True), (0, 0, True, True),
+          (0, 0, False, True), (0, 0, False, False))
+_REPO = Path(__file__).resolve().parents[1]
 
 _MARK = {"passed": "✅", "failed": "❌", "error": "💥", "flaky": "🔀", "xfailed": "⚠️", "xpassed": "❗", "skipped": "⏭️"}
 
@@ -18,15 +39,44 @@ def _details(summary, body):
     return f"<details><summary>{summary}</summary>\n\n{body}\n\n</details>\n"
 
 
-def _evidence_block(result, artifacts):
+def _cut(text, limit, keep_end=False):
+    if len(text) <= limit:
+        return text
+    return ("..." + text[-limit:]) if keep_end else (text[:limit] + " ...")
+
+
+def _evidence_block(result, artifacts, level):
+    evidence_chars, traceback_chars = level[:2]
     parts = []
-    if result.get("evidence"):
-        parts.append("```json\n" + json.dumps(result["evidence"], indent=1, default=str)[:4000] + "\n```")
+    if result.get("evidence") and evidence_chars:
+        parts.append("```json\n" + _cut(json.dumps(result["evidence"], indent=1, default=str), evidence_chars) + "\n```")
     if result["id"] in artifacts:
-        parts.append(f"![loss curves]({artifacts[result['id']]})")
-    if result.get("traceback"):
-        parts.append("```\n" + result["traceback"] + "\n```")
+        parts.append(_curve_link(artifacts[result["id"]]))
+    if result.get("traceback") and traceback_chars:
+        parts.append("```\n" + _cut(result["traceback"], traceback_chars, keep_end=True) + "\n```")
+    if result.get("evidence") or result.get("traceback"):
+        parts.append("(complete evidence and traceback: report.json)")
     return "\n\n".join(parts)
+
+
+def _curve_link(path):
+    return f"Loss curves: `{path}` in the run directory (the run's artifact)."
+
+
+def local_paths():
+    """(text, placeholder) for every path and name of this machine a report must not show."""
+    places = [(str(_REPO), "<repo>"), (sys.prefix, "<python-env>"), (tempfile.gettempdir(), "<tmp>"),
+              (str(Path.home()), "~")]
+    places = [(os.path.realpath(path), name) for path, name in places] + places
+    places.sort(key=lambda place: -len(place[0]))  # the longest first: the repository before the home in it
+    host = socket.gethostname()
+    return places + ([(host, "<host>")] if len(host) > 2 else [])
+
+
+def redact(text):
+    for path, placeholder in local_paths():
+        text = text.replace(path, placeholder)
+    return text
 
 
 def _reference_sources(results):
@@ -77,7 +127,7 @@ def _upstream_section(report):
     return lines
 
 
-def render(report):
+def render(report, level=LEVELS[0]):
     summary, env = report["summary"], report["environment"]
     verdict = "PASS" if report["complete"] and not any(summary[s] for s in FAILING) else "FAIL"
     lines = [
@@ -85,6 +135,10 @@ def render(report):
         "",
         f"candidate `{env.get('candidate')}` on `{env.get('backend')}` ({env.get('device_kind')} x"
         f"{env.get('device_count')}), suite `{report['suite']}`, run `{report['run_id']}`",
+        "",
+        f"DeepSpeed {env.get('deepspeed')}" + (f" at `{env['deepspeed_git']}`" if env.get("deepspeed_git") else "")
+        + f", torch {env.get('torch')}, torch_xla {env.get('torch_xla')}; collectives: "
+        f"{env.get('collective_transport', 'not recorded')}",
         "",
     ]
     if not report["complete"]:
@@ -124,24 +178,46 @@ def render(report):
             if result.get("expectation"):
                 expectation = result["expectation"]
                 head += f" (expected: {html.escape(expectation['reason'])}, {html.escape(expectation['link'])})"
-            lines.append(_details(head, _evidence_block(result, artifacts) or "(no evidence recorded)"))
+            if level[3]:
+                lines.append(_details(head, _evidence_block(result, artifacts, level) or "(no evidence recorded)"))
+            else:
+                lines.append(f"- {_cut(head, 300)}")
+        if not level[3]:
+            lines.append("")
     unmatched = report["expectations"]["unmatched"]
     if unmatched:
         lines += [f"### Expectations that matched no test ({len(unmatched)})", ""]
         lines += [f"- `{e['id']}`: {_cell(e['reason'])} ({e['link']})" for e in unmatched] + [""]
     plotted = [r for r in report["results"] if r["id"] in artifacts and r["status"] == "passed"]
     if plotted:
-        body = "\n\n".join(f"`{r['id']}`\n\n![loss curves]({artifacts[r['id']]})" for r in plotted)
-        lines.append(_details(f"Loss curves ({len(plotted)})", body))
+        body = "\n".join(f"- `{r['id']}`: `{artifacts[r['id']]}`" for r in plotted)
+        lines.append(_details(f"Loss curves ({len(plotted)} PNGs in the run directory, the run's artifact)", body))
     rows = "\n".join(f"| {key} | `{_cell(value)}` |" for key, value in env.items() if key != "env")
     rows += "".join(f"\n| env {key} | `{_cell(value)}` |" for key, value in env.get("env", {}).items())
     lines.append(_details("Environment", "| | |\n|---|---|\n" + rows))
-    all_results = "\n".join(f"| {_MARK[r['status']]} {r['status']} | `{r['id']}` | {r['duration_s']:.2f} |"
-                            for r in report["results"])
-    lines.append(_details(f"All results ({summary['total']})", "| status | id | seconds |\n|---|---|---|\n" + all_results))
-    return "\n".join(lines) + "\n"
+    listed = [r for r in report["results"] if level[2] or r["status"] != "passed"]
+    title = (f"All results ({summary['total']})" if level[2] else
+             f"Results other than passed ({len(listed)} of {summary['total']}; all of them: report.json)")
+    verdict_column = "upstream" in report
+    all_results = "\n".join(f"| {_MARK[r['status']]} {r['status']} | "
+                            + (f"{r['evidence'].get('verdict', '')} | " if verdict_column else "")
+                            + f"`{r['id']}` | {r['duration_s']:.2f} |" for r in listed)
+    header = "| status | verdict | id | seconds |\n|---|---|---|---|\n" if verdict_column else \
+        "| status | id | seconds |\n|---|---|---|\n"
+    lines.append(_details(title, header + all_results))
+    return redact("\n".join(lines) + "\n")
+
+
+def render_within_limit(report, limit=LIMIT_BYTES):
+    """The most detailed rendering under `limit` bytes (UTF-8); cut at the limit, saying so, if none is."""
+    for level in LEVELS:
+        text = render(report, level)
+        if len(text.encode("utf-8")) <= limit:
+            return text
+    note = "\n\n> report.md cut at its size limit; the complete report is report.json.\n"
+    return text.encode("utf-8")[:limit - len(note.encode())].decode("utf-8", "ignore") + note
 
 
 def write(report, path):
     with open(path, "w", encoding="utf-8") as f:
-        f.write(render(report))
+        f.write(render_within_limit(report))

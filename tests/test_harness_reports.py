@@ -2,6 +2,7 @@
 junit merging, report.md, loss-curve plots, interrupted runs, reports/latest, fingerprint."""
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -102,7 +103,8 @@ def test_report_from_parts(tmp_path):
     assert "| interface | 1 | 1 | 0 | 0 | 0 | 0 | 1 | 3 |" in markdown
     assert "<details><summary>❌ <code>conformance/test_interface_device.py::test_synchronize[None]</code>" in markdown
     assert "Interface coverage: 2/3" in markdown and "`on_accelerator`" in markdown
-    assert "![loss curves](curves/" in markdown and "| env PJRT_DEVICE | `CPU` |" in markdown
+    assert "![" not in markdown, "a pasted report must not embed images it cannot carry"
+    assert "`curves/" in markdown and "| env PJRT_DEVICE | `CPU` |" in markdown
     assert cli.exit_status(report) == 1
 
 
@@ -259,3 +261,38 @@ def test_repeated_run_with_no_changes_passes(tmp_path):
         write_parts(cli.repeat_dir(tmp_path, attempt), [result(f"{DEVICE}::t", "passed", "synchronize")])
     report = finish(tmp_path, child_rcs=[0, 0])
     assert report["summary"]["passed"] == 1 and report["summary"]["total"] == 1 and cli.exit_status(report) == 0
+
+
+def many_failures(count, traceback_lines=200):
+    trace = "\n".join(f"  File \"{REPO_PATH}/conformance/x.py\", line {i}, in check" for i in range(traceback_lines))
+    return [result(f"{DEVICE}::test_broken_{i}", "failed", "synchronize", message=f"AssertionError: wrong {i}",
+                   evidence={"max_rel_err": 0.5, "note": "x" * 3000}) | {"traceback": trace} for i in range(count)]
+
+
+REPO_PATH = str(cli.REPO)
+
+
+@pytest.mark.parametrize("count", [1, 40, 400])
+def test_report_md_stays_under_a_pr_comment_and_names_no_local_path(tmp_path, count):
+    write_parts(tmp_path, many_failures(count))
+    finish(tmp_path)
+    markdown = (tmp_path / "report.md").read_text()
+    assert len(markdown.encode("utf-8")) <= 60_000
+    assert REPO_PATH not in markdown and str(Path.home()) + "/" not in markdown
+    assert "<repo>/conformance/x.py" in markdown or count > 1
+    if count <= 40:
+        assert f"test_broken_{count - 1}" in markdown, "every failure is listed, however short its detail"
+    else:
+        assert markdown.endswith("> report.md cut at its size limit; the complete report is report.json.\n")
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert REPO_PATH in report["results"][0]["traceback"], "report.json keeps the full detail"
+
+
+def test_report_md_states_the_stack_and_the_transport(tmp_path):
+    write_parts(tmp_path, [result(f"{DEVICE}::t", "passed", "synchronize")])
+    cli.finish(out=tmp_path, run_id="run-1", suite="interface", expected=[], child_rcs=[0], interrupted=False,
+               env_fingerprint={**FINGERPRINT, "deepspeed": "0.19.8", "torch": "2.9.0", "torch_xla": "2.9.0",
+                                "collective_transport": environment.collective_transport("deepspeed_xla", "cpu", {})})
+    head = (tmp_path / "report.md").read_text().splitlines()[4]
+    assert head == ("DeepSpeed 0.19.8, torch 2.9.0, torch_xla 2.9.0; collectives: host bridge (gloo between host "
+                    "copies)")
