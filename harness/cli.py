@@ -1,6 +1,7 @@
 """`python -m harness run --backend {cpu,tpu} --candidate SPEC --suite NAME --out DIR`
 `python -m harness references [--area AREA] [-k TEXT] [--out DIR]`: record the stored CPU reference curves
 `python -m harness bench [--only NAME]`: the benchmarks in benchmarks/, each printing its ratios side by side
+`python -m harness diff OLD NEW`: regressions, fixes and new checks between two report.json files (report_diff.py)
 `python -m harness upstream --deepspeed-src DIR [--selection FILE] [-k EXPR] [--candidate SPEC] [--out DIR]`:
     DeepSpeed's own unit tests against the candidate and DeepSpeed's CPU accelerator (upstream.py)
 
@@ -19,7 +20,7 @@ import tempfile
 from pathlib import Path
 
 from . import (candidates, curves, environment, expectations, outcomes, process_group, references, report_json,
-               report_junit, report_md, run_dir, suites, training, upstream)
+               report_diff, report_junit, report_md, run_dir, suites, training, upstream)
 from .plugin import OUT_ENV
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +64,9 @@ def _parser():
     record.add_argument("--out", default=str(references.REFERENCES),
                         help="where to store them (default: where `run --reference stored` reads them)")
     upstream.add_parser(commands)
+    diff = commands.add_parser("diff", help="regressions, fixes and new checks between two runs' report.json")
+    diff.add_argument("old", help="the earlier run's report.json (e.g. the last nightly)")
+    diff.add_argument("new", help="the later run's report.json (e.g. this pull request's)")
     bench = commands.add_parser("bench", help="run the benchmarks in benchmarks/ (ratios measured side by side)")
     bench.add_argument("--only", choices=benchmark_names(), help="only this benchmark (default: all)")
     return parser
@@ -286,10 +290,11 @@ def main(argv=None):
     try:
         args = _parser().parse_args(argv)
         stale = environment.stale_lock_line(environment.stale_build_locks(extensions))
-        if stale and args.command != "bench":
+        if stale and args.command not in ("bench", "diff"):
             raise UsageError(stale)
-        commands = {"run": run, "references": record_references, "bench": run_benchmarks, "upstream": upstream.run}
+        commands = {"run": run, "references": record_references, "bench": run_benchmarks, "upstream": upstream.run,
+                    "diff": report_diff.run}
         return commands[args.command](args)
-    except (UsageError, upstream.UpstreamUsageError) as err:
+    except (UsageError, upstream.UpstreamUsageError, report_diff.DiffError) as err:
         print(f"harness: error: {err}", file=sys.stderr)
         return 2

@@ -2,6 +2,8 @@
 junit merging, report.md, loss-curve plots, interrupted runs, reports/latest, fingerprint."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -296,3 +298,37 @@ def test_report_md_states_the_stack_and_the_transport(tmp_path):
     head = (tmp_path / "report.md").read_text().splitlines()[4]
     assert head == ("DeepSpeed 0.19.8, torch 2.9.0, torch_xla 2.9.0; collectives: host bridge (gloo between host "
                     "copies)")
+
+
+def report_with(statuses):
+    return {"schema_version": 1, "results": [{"id": test_id, "status": status, "message": f"{status} msg"}
+                                             for test_id, status in statuses.items()]}
+
+
+def test_diff_lists_regressions_fixes_new_and_removed_checks(tmp_path):
+    old = report_with({"a": "passed", "b": "failed", "c": "passed", "d": "skipped", "gone": "passed", "e": "xfailed"})
+    new = report_with({"a": "error", "b": "passed", "c": "passed", "d": "flaky", "fresh": "failed", "e": "xpassed"})
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    (tmp_path / "new.json").write_text(json.dumps(new))
+    proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")],
+                          cwd=cli.REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith("2 regressions, 1 fixes, 1 new, 1 removed, 1 changed")
+    assert "  regression: a (passed -> error): error msg" in lines and "  regression: d (skipped -> flaky): flaky msg" in lines
+    assert "  fix: b (failed -> passed): passed msg" in lines
+    assert "  new: fresh (- -> failed): failed msg" in lines and "  removed: gone (passed -> -)" in lines
+    assert "  changed: e (xfailed -> xpassed): xpassed msg" in lines
+
+
+@pytest.mark.parametrize("content, reason", [(None, "does not exist"), ("{", "is not a report.json"),
+                                             ('{"schema_version": 9}', "is not a report.json of schema version 1")])
+def test_diff_of_something_that_is_not_a_report_is_one_line(tmp_path, content, reason):
+    bad = tmp_path / "bad.json"
+    if content is not None:
+        bad.write_text(content)
+    good = tmp_path / "good.json"
+    good.write_text(json.dumps(report_with({"a": "passed"})))
+    proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(bad), str(good)], cwd=cli.REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and reason in proc.stderr

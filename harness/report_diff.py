@@ -1,0 +1,73 @@
+"""`python -m harness diff OLD NEW`: what changed between two runs' report.json (the last nightly
+and this pull request's run, say): regressions, fixes, new and removed checks, other changes.
+
+A regression is a check that did not fail in OLD (passed, expected failure, skipped) and fails
+in NEW (failed, error, flaky); a fix is the reverse. Exit status: 1 when NEW has regressions,
+0 otherwise, 2 when a file is missing or is not a report.json.
+"""
+
+import json
+from pathlib import Path
+
+from .report_json import FAILING, SCHEMA_VERSION
+
+
+class DiffError(ValueError):
+    """A file that is not a readable report.json (bad usage)."""
+
+
+def load(path):
+    path = Path(path)
+    try:
+        report = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise DiffError(f"{path} does not exist") from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise DiffError(f"{path} is not a report.json: {err}") from None
+    if not isinstance(report, dict) or report.get("schema_version") != SCHEMA_VERSION or "results" not in report:
+        raise DiffError(f"{path} is not a report.json of schema version {SCHEMA_VERSION}")
+    return report
+
+
+def compare(old, new):
+    """{kind: [(id, old status, new status, new message)]} for regressions, fixes, new, removed, changed."""
+    before = {r["id"]: r for r in old["results"]}
+    after = {r["id"]: r for r in new["results"]}
+    changes = {"regressions": [], "fixes": [], "new": [], "removed": [], "changed": []}
+    for test_id, result in after.items():
+        line = lambda kind, was: changes[kind].append((test_id, was, result["status"], result.get("message", "")))  # noqa: E731
+        if test_id not in before:
+            line("new", None)
+            continue
+        was = before[test_id]["status"]
+        if was == result["status"]:
+            continue
+        if result["status"] in FAILING and was not in FAILING:
+            line("regressions", was)
+        elif was in FAILING and result["status"] not in FAILING:
+            line("fixes", was)
+        else:
+            line("changed", was)
+    changes["removed"] = [(test_id, r["status"], None, "") for test_id, r in before.items() if test_id not in after]
+    return changes
+
+
+_ONE = {"regressions": "regression", "fixes": "fix", "new": "new", "removed": "removed", "changed": "changed"}
+
+
+def render(changes, old_path, new_path):
+    counts = ", ".join(f"{len(rows)} {kind}" for kind, rows in changes.items())
+    lines = [f"harness diff: {old_path} -> {new_path}: {counts}"]
+    for kind, rows in changes.items():
+        for test_id, was, now, message in rows:
+            first = message.strip().splitlines()[0] if message and message.strip() else ""
+            arrow = f"{was or '-'} -> {now or '-'}"
+            lines.append(f"  {_ONE[kind]}: {test_id} ({arrow})" + (f": {first}" if first else ""))
+    return "\n".join(lines)
+
+
+def run(args):
+    old, new = load(args.old), load(args.new)
+    changes = compare(old, new)
+    print(render(changes, args.old, args.new))
+    return 1 if changes["regressions"] else 0
