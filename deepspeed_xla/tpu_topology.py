@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-import yaml
 
 PCI_DEVICES = "/sys/bus/pci/devices"
 _GOOGLE_PCI_VENDOR = "0x1ae0"
@@ -175,6 +174,25 @@ def count_tpu_chips(sysfs_root: str | os.PathLike = PCI_DEVICES) -> int:
     return count
 
 
+_CHIP_DEVICE = re.compile(r"/dev/(?:accel|vfio/)\d+")
+
+
+def chip_owners(proc_root: str | os.PathLike = "/proc") -> dict[str, list[int]]:
+    """{TPU device file: PIDs that hold it open} (/dev/accelN on v2-v4, /dev/vfio/N from v5e),
+    read from /proc/<pid>/fd without touching the chips; empty where nothing holds one."""
+    owners: dict[str, list[int]] = {}
+    for fd in Path(proc_root).glob("[0-9]*/fd/*"):
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue  # the process or descriptor went away, or is not ours to read
+        if _CHIP_DEVICE.fullmatch(target):
+            pid = int(fd.parent.parent.name)
+            if pid not in owners.setdefault(target, []):
+                owners[target].append(pid)
+    return owners
+
+
 def detect_topology(environ: Mapping[str, str] | None = None, *,
                     sysfs_root: str | os.PathLike = PCI_DEVICES,
                     timeout: float = 2.0) -> TpuTopology | None:
@@ -197,6 +215,7 @@ def detect_topology(environ: Mapping[str, str] | None = None, *,
         worker_ips = [host for host in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if host]
     else:
         try:
+            import yaml  # only here: discovery without metadata needs nothing beyond the standard library
             tpu_env = yaml.safe_load(_metadata("tpu-env", timeout))
             endpoints = _metadata("worker-network-endpoints", timeout)
         except OSError as error:

@@ -110,6 +110,9 @@ def _plan(args):
     device_kind, device_count = environment.devices(args.backend)
     if device_count < 1:
         raise UsageError(f"--backend {args.backend}: no {device_kind} devices found on this host")
+    holders = environment.tpu_holders_line() if args.backend == "tpu" else None
+    if holders:
+        raise UsageError(f"--backend tpu: {holders}")
     return spec, modules, expected, device_kind, device_count
 
 
@@ -245,6 +248,8 @@ def run(args):
         if interrupted:
             break
     fingerprint = environment.fingerprint(args.backend, spec.text, device_kind, device_count, env)
+    if args.backend == "tpu":
+        fingerprint.update(environment.tpu_slice())
     report = finish(out=out, run_id=run_id, suite=args.suite, expected=_relevant(expected, modules),
                     env_fingerprint=fingerprint, child_rcs=child_rcs, interrupted=interrupted)
     latest = run_dir.point_latest(out)

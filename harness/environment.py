@@ -1,14 +1,13 @@
 """The environment fingerprint of a run, built from an allowlist.
 
 Nothing here imports torch, torch_xla or DeepSpeed, or starts a device runtime: versions
-come from installed package metadata and devices from tpu-info or the PCI bus, because on
+come from installed package metadata and devices from tpu-info's device API or the PCI bus, because on
 a TPU host the process that starts the runtime owns the chips the checks need.
 """
 
 import json
 import os
 import platform
-import shutil
 import subprocess
 import sys
 import time
@@ -57,32 +56,43 @@ def source_revision(distribution):
     return None
 
 
-def parse_tpu_info(text):
-    """(chip count, chip kind) from `tpu-info` output: one table row per /dev chip."""
-    rows = [line for line in text.splitlines() if "/dev/" in line]
-    kinds = []
-    for row in rows:
-        cells = [cell.strip() for cell in row.replace("│", "|").split("|") if cell.strip()]
-        if len(cells) > 1:
-            kinds.append(cells[1])
-    return len(rows), (kinds[0] if kinds else None)
-
-
 def devices(backend):
     """(device_kind, device_count) without starting any device runtime."""
     if backend == "cpu":
         # PJRT CPU: each check process owns CPU_NUM_DEVICES emulated devices (1 unless set).
         return "PJRT CPU", int(os.environ.get("CPU_NUM_DEVICES", "1"))
-    if shutil.which("tpu-info"):
-        try:
-            out = subprocess.run(["tpu-info"], capture_output=True, text=True, timeout=60).stdout
-            count, kind = parse_tpu_info(out)
-            if count:
-                return kind or "TPU", count
-        except (OSError, subprocess.SubprocessError):
-            pass
+    try:  # tpu-info's device API reads the PCI bus (no runtime), and knows every chip kind
+        from tpu_info import device as tpu_device
+        kind, count = tpu_device.get_local_chips()
+        if count:
+            return str(kind), count
+    except (ImportError, OSError, AssertionError):
+        pass
     from deepspeed_xla.tpu_topology import count_tpu_chips  # PCI sysfs probe, no torch_xla import
     return os.environ.get("TPU_ACCELERATOR_TYPE", "TPU"), count_tpu_chips()
+
+
+def tpu_slice():
+    """{tpu_topology, tpu_hosts} of this TPU VM's slice (metadata server or TPU_* variables), for the report."""
+    from deepspeed_xla.tpu_topology import detect_topology
+    try:
+        topology = detect_topology()
+    except RuntimeError as err:
+        return {"tpu_topology": f"unknown ({err})", "tpu_hosts": None}
+    if topology is None:
+        return {}
+    return {"tpu_topology": topology.accelerator_type, "tpu_hosts": len(topology.worker_ips)}
+
+
+def tpu_holders_line(own_pid=None):
+    """One line naming the processes that hold this host's TPU chips, or None when none does."""
+    from deepspeed_xla.tpu_topology import chip_owners
+    own_pid = os.getpid() if own_pid is None else own_pid
+    pids = sorted({pid for pids in chip_owners().values() for pid in pids if pid != own_pid})
+    if not pids:
+        return None
+    return (f"the TPU chips are held by process{'es' if len(pids) > 1 else ''} {', '.join(map(str, pids))}; stop "
+            f"{'them' if len(pids) > 1 else 'it'} first: the process that opens the chips owns them")
 
 
 _TRANSPORTS = {"bridge": "host bridge (gloo between host copies)", "native": "XLA-native collectives"}

@@ -4,6 +4,7 @@ junit merging, report.md, loss-curve plots, interrupted runs, reports/latest, fi
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -212,15 +213,17 @@ def test_fingerprint_is_an_allowlist(monkeypatch):
     assert fingerprint["torch"] and fingerprint["deepspeed"] and fingerprint["torch_xla"]
 
 
-def test_parse_tpu_info():
-    text = """TPU Chips
-┏━━━━━━━━━━━━━┳━━━━━━━━━━━━━┳━━━━━━━━━┳━━━━━━━━┓
-┃ Chip        ┃ Type        ┃ Devices ┃ PID    ┃
-┡━━━━━━━━━━━━━╇━━━━━━━━━━━━━╇━━━━━━━━━╇━━━━━━━━┩
-│ /dev/accel0 │ TPU v4 chip │ 1       │ None   │
-│ /dev/accel1 │ TPU v4 chip │ 1       │ None   │
-└─────────────┴─────────────┴─────────┴────────┘"""
-    assert environment.parse_tpu_info(text) == (2, "TPU v4 chip")
+def test_tpu_devices_come_from_tpu_infos_device_api(monkeypatch):
+    class Chip:
+        def __str__(self):
+            return "TPU v5e chip"
+
+    fake = types.ModuleType("tpu_info.device")
+    fake.get_local_chips = lambda: (Chip(), 8)
+    monkeypatch.setitem(sys.modules, "tpu_info", types.ModuleType("tpu_info"))
+    monkeypatch.setitem(sys.modules, "tpu_info.device", fake)
+    sys.modules["tpu_info"].device = fake
+    assert environment.devices("tpu") == ("TPU v5e chip", 8)
 
 
 def test_report_says_where_reference_curves_came_from(tmp_path):

@@ -9,6 +9,7 @@ the runtime, and whatever it wrote to os.environ is compared with `worker_env`.
 """
 
 import http.server
+import importlib.util
 import os
 import subprocess
 import sys
@@ -347,3 +348,52 @@ if torch_xla._XLAC._xla_runtime_is_initialized():
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, \
         f"fresh interpreter exited {result.returncode}: {result.stderr[-2000:]}"
+
+
+# -- tox -e tpu preflight (scripts/tpu_preflight.py) ---------------------------------------
+PCI_ID = {"v4-8": "0x005e", "v5e-8": "0x0063", "v5p-8": "0x0062", "v4-16": "0x005e"}
+
+
+def load_preflight():
+    spec = importlib.util.spec_from_file_location("tpu_preflight", REPO / "scripts" / "tpu_preflight.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.preflight
+
+
+def make_proc_tree(root, holders):
+    """A fake /proc: holders maps a pid to the device files it has open."""
+    for pid, devices in holders.items():
+        fds = root / str(pid) / "fd"
+        fds.mkdir(parents=True)
+        (fds / "0").symlink_to("/dev/null")
+        for number, device in enumerate(devices, 3):
+            (fds / str(number)).symlink_to(device)
+    return root
+
+
+@pytest.mark.parametrize("name, host", [p.values for p in HOSTS if p.values[0] in PCI_ID])
+def test_preflight_on_a_free_tpu_vm(name, host, tmp_path):
+    chips = SLICES[name].chips_per_host
+    bus = make_pci_tree(tmp_path / "sys", [(GOOGLE, PCI_ID[name])] * chips + [("0x1af4", "0x1000")])
+    proc = make_proc_tree(tmp_path / "proc", {100: ["/dev/null"], 200: []})
+    status, line = load_preflight()(bus, proc, own_pid=1)
+    assert (status, line) == (0, f"tox -e tpu: {chips} TPU chips on this host, none held by another process")
+
+
+def test_preflight_names_the_processes_holding_the_chips(tmp_path):
+    bus = make_pci_tree(tmp_path / "sys", [(GOOGLE, "0x0063")] * 8)
+    proc = make_proc_tree(tmp_path / "proc", {4242: ["/dev/vfio/0", "/dev/vfio/1"], 77: ["/dev/accel3"], 5: []})
+    status, line = load_preflight()(bus, proc, own_pid=1)
+    assert status == 2 and "\n" not in line
+    assert line.startswith("tox -e tpu: the TPU chips are held by processes 77, 4242 (/dev/accel3, /dev/vfio/0, "
+                           "/dev/vfio/1); stop them first")
+
+
+def test_preflight_without_tpu_chips_is_one_line_and_exit_2():
+    if count_tpu_chips():
+        pytest.skip("this host has TPU chips: the simulated hosts above cover the preflight here")
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "tpu_preflight.py")], capture_output=True,
+                          text=True, timeout=60, env={"PATH": os.environ["PATH"]})
+    assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1
+    assert "has no TPU chips on its PCI bus; run it on a TPU VM" in proc.stderr
