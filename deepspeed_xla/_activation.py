@@ -25,7 +25,11 @@ def _install_accelerator(module):
     except ImportError:
         raise SystemExit(INSTALL_HINT) from None
     from .accelerator import XLA_Accelerator
-    module.set_accelerator(XLA_Accelerator())
+    try:
+        accelerator = XLA_Accelerator()
+    except ValueError as err:  # a DS_XLA_* setting that makes no sense: one line, not a traceback
+        raise SystemExit(f"deepspeed_xla: {err}") from None
+    module.set_accelerator(accelerator)
 
 
 def _install_backward_guard(module):

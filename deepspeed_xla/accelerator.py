@@ -51,6 +51,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
 
     def __init__(self):
         super().__init__()
+        runtime.apply_matmul_precision()
         self._name = "xla"
         self._communication_backend_name = BACKEND_NAME
         self._compile_backend = "openxla"

@@ -118,6 +118,23 @@ def after_next_sync(callback):
     xm.add_step_closure(callback)
 
 
+MATMUL_PRECISION_ENV = "DS_XLA_MATMUL_PRECISION"
+
+
+def apply_matmul_precision(environ=os.environ):
+    """Set torch_xla's fp32 matmul/convolution precision from DS_XLA_MATMUL_PRECISION
+    (default | high | highest); unset leaves torch_xla's default (on TPU: bf16 passes)."""
+    precision = environ.get(MATMUL_PRECISION_ENV, "").strip().lower()
+    if not precision:
+        return None
+    if precision not in ("default", "high", "highest"):
+        raise ValueError(f"{MATMUL_PRECISION_ENV}={precision!r}: expected default, high or highest")
+    import torch_xla.backends
+    if torch_xla.backends.get_mat_mul_precision() != precision:
+        torch_xla._XLAC._xla_set_mat_mul_precision(precision)  # the public setter also logs a warning
+    return precision
+
+
 def memory_info(device):
     """{'bytes_used', 'bytes_limit', 'peak_bytes_used'} from the device allocator, or
     None where the backend keeps no allocator statistics (PJRT CPU)."""

@@ -232,6 +232,9 @@ def install(spec):
         raise installer.error
     if deepspeed.accelerator.get_accelerator() is not installer.accelerator:
         raise CandidateError(f"candidate {spec.text}: DeepSpeed replaced it with another accelerator during import")
+    # The precision the harness compares at (deepspeed_xla applies DS_XLA_MATMUL_PRECISION itself).
+    from deepspeed_xla.runtime import apply_matmul_precision
+    apply_matmul_precision()
     return installer.accelerator
 
 

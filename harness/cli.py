@@ -230,6 +230,8 @@ def run(args):
     out = run_dir.prepare(args.out or run_dir.reports_root() / run_id)
     env = spec.child_env(os.environ)
     env["PJRT_DEVICE"] = PJRT_DEVICE[args.backend]
+    if args.backend == "tpu":  # compare fp32 at full precision: TPUs multiply fp32 in bf16 passes by default
+        env.setdefault("DS_XLA_MATMUL_PRECISION", "highest")
     env[OUT_ENV] = str(out)
     command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
                "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference, "-q", "-rfEX",

@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # Variables that change what a run means; nothing else from the environment is recorded.
 ENV_ALLOWLIST = ("PJRT_DEVICE", "DS_ACCELERATOR", "XLA_FLAGS", "CPU_NUM_DEVICES", "TPU_ACCELERATOR_TYPE",
-                 "TPU_VISIBLE_CHIPS")
+                 "TPU_VISIBLE_CHIPS", "DS_XLA_MATMUL_PRECISION")
 
 
 def installed_version(distribution):
@@ -125,6 +125,8 @@ def fingerprint(backend, candidate_text, device_kind, device_count, env):
         "device_count": device_count,
         "candidate": candidate_text,
         "collective_transport": collective_transport(candidate_text, backend, env),
+        # PJRT CPU multiplies fp32 in fp32 whatever the setting; TPUs use bf16 passes unless told otherwise
+        "matmul_precision": env.get("DS_XLA_MATMUL_PRECISION") or "torch_xla default",
         "harness_revision": git_revision(REPO),
         "env": {name: env[name] for name in ENV_ALLOWLIST if name in env},
     }

@@ -206,12 +206,16 @@ def last_error_line(log):
     return None
 
 
-def tolerance(precision):
-    """(rtol, atol) for 'fp32' or 'bf16' from fixtures/tolerances.toml."""
+def tolerance(precision, device=None):
+    """(rtol, atol) for 'fp32' or 'bf16' from fixtures/tolerances.toml: the device's row of that
+    precision where it has one (e.g. [fp32.tpu]), else the precision's own. `device` defaults to
+    this run's PJRT_DEVICE."""
     table = tomllib.loads(TOLERANCES.read_text())
     if precision not in table:
         raise KeyError(f"no tolerance for precision {precision!r} in {TOLERANCES}; have {sorted(table)}")
-    return table[precision]["rtol"], table[precision]["atol"]
+    device = (device or os.environ.get("PJRT_DEVICE", "CPU")).lower()
+    row = table[precision].get(device, table[precision])
+    return row["rtol"], row["atol"]
 
 
 def compare_losses(reference, candidate, precision):

@@ -126,3 +126,19 @@ def test_activate_after_deepspeed_import_is_a_clear_error():
     assert proc.returncode != 0 and "DeepSpeed was imported before the XLA accelerator" in proc.stderr, (
         f"activate() after `import deepspeed` must refuse with a reason; got exit {proc.returncode}:\n"
         f"{proc.stderr[-2000:]}")
+
+
+@pytest.mark.parametrize("setting, expected", [(None, "default"), ("highest", "highest"), ("HIGH", "high")])
+def test_matmul_precision_follows_ds_xla_matmul_precision(setting, expected):
+    """TPUs multiply fp32 in bf16 passes unless told otherwise: DS_XLA_MATMUL_PRECISION tells them."""
+    code = ("import json, deepspeed, torch_xla.backends\n"
+            "print(json.dumps({'precision': torch_xla.backends.get_mat_mul_precision()}))")
+    env = {} if setting is None else {"DS_XLA_MATMUL_PRECISION": setting}
+    assert last_json(run_python(code, "xla", env))["precision"] == expected
+
+
+def test_a_bad_matmul_precision_is_refused_naming_the_variable():
+    proc = run_python("import deepspeed", "xla", {"DS_XLA_MATMUL_PRECISION": "fast"})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("deepspeed_xla: DS_XLA_MATMUL_PRECISION='fast': expected default, "
+                                                    "high or highest")

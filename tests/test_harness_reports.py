@@ -335,3 +335,10 @@ def test_diff_of_something_that_is_not_a_report_is_one_line(tmp_path, content, r
     proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(bad), str(good)], cwd=cli.REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and reason in proc.stderr
+
+
+def test_tolerance_rows_per_device():
+    from harness.training import tolerance
+    assert tolerance("fp32", "CPU") == (1e-5, 1e-6)
+    assert tolerance("fp32", "TPU") == (1e-4, 1e-5)  # compared at DS_XLA_MATMUL_PRECISION=highest
+    assert tolerance("bf16", "TPU") == tolerance("bf16", "CPU")
