@@ -23,8 +23,8 @@ def host(tensor):
 
 def materialise():
     """Run every pending graph so live XLA tensors hold device buffers (independent of the candidate)."""
-    import torch_xla
-    torch_xla.sync(wait=True)
+    from xla_probe import sync
+    sync()
 
 
 def run_fresh(code, timeout=300):

@@ -15,17 +15,12 @@ import pytest
 import torch
 
 from harness.training import FIXTURES, single_rank_env
+from xla_probe import compilations
 
 pytestmark = pytest.mark.area("graph")
 
 WARMUP_STEPS, MEASURED_STEPS = 3, 4
 CONFIGS = ["zero0", "zero1", "zero2", "zero3", "zero2_bf16"]
-
-
-def _compilations():
-    import torch_xla.debug.metrics as metrics
-    data = metrics.metric_data("CompileTime")
-    return data[0] if data else 0
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +54,7 @@ def test_training_step_stops_compiling_after_warmup(config, train_fixture, evide
         engine.backward(loss)
         engine.step()
         loss.item()  # the step a training loop logs: its graph runs here
-        per_step.append(_compilations())
+        per_step.append(compilations())
     engine.destroy()
     added = per_step[-1] - per_step[WARMUP_STEPS - 1]
     evidence.update(config=config, compilations_after_each_step=per_step, warmup_steps=WARMUP_STEPS,

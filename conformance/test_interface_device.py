@@ -7,9 +7,9 @@ and compares them with current_device_name(); index forms are ints, strings and 
 
 import pytest
 import torch
-import torch_xla
 
 from conformance_helpers import INDEX_FORMS, host, run_fresh
+from xla_probe import RUNTIME_STARTED_SOURCE, pending_ops
 
 pytestmark = pytest.mark.area("interface")
 
@@ -145,12 +145,11 @@ def test_current_device_name(accel):
 
 # The launcher parent counts devices before any worker starts; on a TPU host the process that
 # starts the XLA runtime owns the chips, so counting must not start it. Checked in fresh processes.
-_FRESH_PROBE = """
-import json, torch_xla
-started = torch_xla._XLAC._xla_runtime_is_initialized
-after_install = started()
+_FRESH_PROBE = RUNTIME_STARTED_SOURCE + """
+import json
+after_install = runtime_started()
 value = accel.{method}()
-print(json.dumps({{"after_install": after_install, "after_call": started(), "value": value,
+print(json.dumps({{"after_install": after_install, "after_call": runtime_started(), "value": value,
                   "type": type(value).__name__}}))
 """
 
@@ -184,22 +183,15 @@ def test_is_available(accel, fresh_probes, evidence):
         "expected True on an XLA host")
 
 
-def _pending_ops(tensor):
-    """IR operations still to run behind `tensor` (beyond its materialised data)."""
-    text = torch_xla._XLAC._get_xla_tensors_text([tensor])
-    return [line.split("=", 1)[1].split("(")[0].strip() for line in text.splitlines()
-            if "=" in line and "xla::device_data" not in line]
-
-
 @pytest.mark.parametrize("form", [None, *INDEX_FORMS])
 def test_synchronize(accel, xla_device, form, evidence):
     tensor = torch.ones(4, device=xla_device) * 2 + 1
-    assert _pending_ops(tensor), "setup: the lazy tensor should have a pending graph before synchronize()"
+    assert pending_ops(tensor), "setup: the lazy tensor should have a pending graph before synchronize()"
     if form is None:
         accel.synchronize()
     else:
         accel.synchronize(INDEX_FORMS[form](0))
-    pending = _pending_ops(tensor)
+    pending = pending_ops(tensor)
     evidence["pending_after_synchronize"] = pending
     assert not pending, (f"after synchronize({'' if form is None else form}), the tensor still has a pending graph "
                          f"({', '.join(pending)}): synchronize must execute queued work and wait for it")

@@ -1,0 +1,47 @@
+"""Everything the conformance suite asks torch_xla about its own state, in one place: this is the
+only file that knows torch_xla's private API (torch_xla._XLAC), so a torch_xla release that
+moves it, or a second XLA runtime, changes this file and no check.
+
+Probes observe; they never change what a candidate does (a sync runs pending work, as any
+device-to-host copy would).
+"""
+
+import torch_xla
+import torch_xla.debug.metrics as metrics
+
+# Run as a fresh process's code (run_fresh) to read the runtime state there.
+RUNTIME_STARTED_SOURCE = "import torch_xla\nruntime_started = torch_xla._XLAC._xla_runtime_is_initialized\n"
+
+
+def runtime_started():
+    """True once this process has created its PJRT client (and owns its devices)."""
+    return torch_xla._XLAC._xla_runtime_is_initialized()
+
+
+def sync():
+    """Run every pending graph and wait for it, so live XLA tensors hold device buffers."""
+    torch_xla.sync(wait=True)
+
+
+def pending_ops(tensor):
+    """IR operations still to run behind `tensor` (beyond its materialised data)."""
+    text = torch_xla._XLAC._get_xla_tensors_text([tensor])
+    return [line.split("=", 1)[1].split("(")[0].strip() for line in text.splitlines()
+            if "=" in line and "xla::device_data" not in line]
+
+
+def hlo(tensors):
+    """The HLO module text that would compute `tensors` (traced, not run)."""
+    return torch_xla._XLAC._get_xla_tensors_hlo(list(tensors))
+
+
+def compilations():
+    """How many XLA graphs this process has compiled so far."""
+    data = metrics.metric_data("CompileTime")
+    return data[0] if data else 0
+
+
+def reset_collective_chain(device):
+    """Start a new chain of traced collectives on `device`: torch_xla orders collectives through a
+    per-device token, and traces of worlds larger than this one must not reach a later execution."""
+    torch_xla._XLAC._set_all_reduce_token(str(device), None)
