@@ -19,7 +19,7 @@ import os
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
-from . import backward_guard, bucket_sizes, param_identity, runtime, torch_device_module, xla_limits, xla_op_fixes
+from . import backward_guard, engine_hooks, param_identity, runtime, torch_device_module, xla_limits, xla_op_fixes
 from .comm import BACKEND_NAME, register_backend
 from .rng import XlaGenerator
 from .streams import Event, Stream
@@ -64,7 +64,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         xla_op_fixes.install()
         param_identity.install()
         backward_guard.install()
-        bucket_sizes.arm()
+        engine_hooks.arm()
         xla_limits.install()
         torch_device_module.register(self)
 

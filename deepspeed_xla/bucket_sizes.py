@@ -13,17 +13,14 @@ A bucket larger than all of the model's parameters together is never filled past
 their count, so on XLA the engine reports each bucket size as at most the model's
 parameter count (rounded up to an even count, the alignment ZeRO asserts): the same
 buckets are flushed at the same points and the numerics do not change, only the unused
-tail is gone. `arm()` does this by wrapping the engine's bucket-size accessors
+tail is gone. `install()` does this by wrapping the engine's bucket-size accessors
 (`zero_reduce_bucket_size`, `zero_allgather_bucket_size`, `zero_prefetch_bucket_size`)
-once DeepSpeed's engine module loads; DeepSpeed's files are not touched.
+once DeepSpeed's engine module loads (engine_hooks.py); DeepSpeed's files are not touched.
 """
 
 import functools
 
-from .import_hooks import PostImportHook, arm as arm_hook
-
 ACCESSORS = ("zero_reduce_bucket_size", "zero_allgather_bucket_size", "zero_prefetch_bucket_size")
-ENGINE_MODULE = "deepspeed.runtime.engine"
 
 
 def model_numel(module):
@@ -64,10 +61,3 @@ def install(engine_module):
         if accessor is not None and not getattr(accessor, "_deepspeed_xla", False):
             setattr(engine_class, name, _bound(accessor))
 
-
-_HOOK = PostImportHook(ENGINE_MODULE, install)
-
-
-def arm():
-    """Bound the engine's bucket sizes as soon as DeepSpeed's engine module loads (or now)."""
-    arm_hook(_HOOK)

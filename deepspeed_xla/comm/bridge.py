@@ -17,7 +17,10 @@ Semantics kept exactly as torch.distributed specifies them:
 * subgroups from `new_group` are gloo groups over the same store;
 * what gloo lacks is built from what it has: `ReduceOp.AVG` is a sum divided by the
   group size, reduce on the root and gather/scatter with XLA tensors go through the
-  symmetric collectives.
+  symmetric collectives;
+* a group of one rank (a one-process run, DeepSpeed's data-parallel group of a model that is
+  not data parallel) exchanges nothing: results are the inputs, written on the device, with
+  no host round trip (each one would run the step's pending graph and copy it to the host).
 
 Failures: each collective records, in the group's store, the sequence number and the
 name of the last operation every rank entered. When gloo fails or times out
@@ -192,8 +195,15 @@ class HostBridgeProcessGroup(ProcessGroup):
                 else:
                     host.floor_divide_(self.size())
 
+    @property
+    def _alone(self):
+        return self.size() == 1
+
     def allreduce(self, tensors, opts):
         arguments.same_shape(self._where("all_reduce"), tensors, tensors[0])
+        if self._alone:
+            self._gloo_op(opts.reduceOp, "all_reduce")  # refuses what it would refuse in a larger group
+            return _done(tensors)
         hosts = [_host(t) for t in tensors]
         self._allreduce_host(hosts, opts.reduceOp, "all_reduce")
         for tensor, host in zip(tensors, hosts):
@@ -203,6 +213,9 @@ class HostBridgeProcessGroup(ProcessGroup):
     def allreduce_coalesced(self, tensors, opts):
         if len({t.dtype for t in tensors}) > 1:
             raise self._unsupported("all_reduce_coalesced", "tensors of different dtypes in one call")
+        if self._alone:
+            self._gloo_op(opts.reduceOp, "all_reduce_coalesced")
+            return _done(tensors)
         hosts = [_host(t) for t in tensors]
         flat = torch.cat([h.reshape(-1) for h in hosts]) if hosts else torch.empty(0)
         self._allreduce_host([flat], opts.reduceOp, "all_reduce_coalesced")
@@ -216,6 +229,9 @@ class HostBridgeProcessGroup(ProcessGroup):
         # gloo's reduce has no AVG; an all-reduce gives every rank the value and only
         # the root keeps it: torch.distributed.reduce leaves the others' tensors as they were.
         arguments.same_shape(self._where("reduce"), tensors, tensors[0])
+        if self._alone:
+            self._gloo_op(opts.reduceOp, "reduce")
+            return _done(tensors)
         hosts = [_host(t).clone() if t.device.type == "cpu" else _host(t) for t in tensors]
         self._allreduce_host(hosts, opts.reduceOp, f"reduce(root={self._global_ranks[opts.rootRank]})")
         if self.rank() == opts.rootRank:
@@ -224,6 +240,11 @@ class HostBridgeProcessGroup(ProcessGroup):
         return _done(tensors)
 
     def _reduce_scatter(self, outputs, inputs_per_output, op, name):
+        if self._alone:
+            self._gloo_op(op, name)
+            for output, inputs in zip(outputs, inputs_per_output):
+                _write_back(output, torch.cat([t.reshape(-1) for t in inputs]).view(output.shape))
+            return
         # All operands are read before any output is written (outputs may alias inputs).
         flats = [torch.cat([_host(t).reshape(-1) for t in inputs]) for inputs in inputs_per_output]
         for output, flat in zip(outputs, flats):
@@ -253,6 +274,8 @@ class HostBridgeProcessGroup(ProcessGroup):
     # -- gathers and broadcasts -------------------------------------------------------
     def broadcast(self, tensors, opts):
         arguments.same_shape(self._where("broadcast"), tensors, tensors[0])
+        if self._alone:
+            return _done(tensors)
         hosts = [_host(t) for t in tensors]
         self._run(f"broadcast(src={self._global_ranks[opts.rootRank]})", lambda: self._gloo.broadcast(hosts, opts))
         if self.rank() != opts.rootRank:
@@ -269,6 +292,10 @@ class HostBridgeProcessGroup(ProcessGroup):
 
     def allgather(self, output_tensors_list, input_tensors, opts=None):
         arguments.per_rank_lists(self._where("all_gather"), output_tensors_list, input_tensors, self.size())
+        if self._alone:
+            for outputs, input in zip(output_tensors_list, input_tensors):
+                _write_back(outputs[0], input)
+            return _done([t for outputs in output_tensors_list for t in outputs])
         gathered = [self._gather_hosts(input, "all_gather") for input in input_tensors]
         for outputs, hosts in zip(output_tensors_list, gathered):
             for output, host in zip(outputs, hosts):
@@ -281,6 +308,10 @@ class HostBridgeProcessGroup(ProcessGroup):
     def _gather_into(self, outputs, inputs, name):
         for output, input in zip(outputs, inputs):
             arguments.flat_sizes(self._where(name), output, input, self.size(), "output", "input")
+        if self._alone:
+            for output, input in zip(outputs, inputs):
+                _write_back(output, input.reshape(output.shape))
+            return
         gathered = [self._gather_hosts(input, name) for input in inputs]
         for output, hosts in zip(outputs, gathered):
             _write_back(output, torch.cat([h.reshape(-1) for h in hosts]).view(output.shape))
@@ -321,6 +352,9 @@ class HostBridgeProcessGroup(ProcessGroup):
         arguments.splits(self._where("all_to_all_single"), input, input_split_sizes, self.size(), "input")
         arguments.splits(self._where("all_to_all_single"), output, output_split_sizes, self.size(), "output")
         arguments.same_dtype(self._where("all_to_all_single"), [input, output])
+        if self._alone:
+            _write_back(output, input.reshape(output.shape))
+            return _done([output])
         host_output = _host_empty(output)
         host_input = _host(input)
         self._run("all_to_all_single", lambda: self._gloo.alltoall_base(host_output, host_input, output_split_sizes,
@@ -333,6 +367,9 @@ class HostBridgeProcessGroup(ProcessGroup):
         arguments.one_per_rank(self._where("all_to_all"), input_tensors, self.size(), "input list")
         arguments.one_per_rank(self._where("all_to_all"), output_tensors, self.size(), "output list")
         arguments.same_dtype(self._where("all_to_all"), [*input_tensors, *output_tensors])
+        if self._alone:
+            _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape))
+            return _done(output_tensors)
         host_input = torch.cat([_host(t).reshape(-1) for t in input_tensors])
         host_output = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
         out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
@@ -368,6 +405,8 @@ class HostBridgeProcessGroup(ProcessGroup):
 
     def barrier(self, opts):
         # A real barrier, unlike the stock xla process group's no-op.
+        if self._alone:
+            return _done([])
         self._run("barrier", lambda: self._gloo.barrier(opts))
         return _done([])
 
