@@ -10,6 +10,13 @@ device parameters) and on CPU alike, and `zero_to_fp32.py` reads it without torc
 
 The engine's `save` is wrapped when its module loads (a post-import hook, armed at
 interpreter start together with the launcher hooks); DeepSpeed's files are unchanged.
+
+Shared (tied) parameters: DeepSpeed records which parameters share storage by
+`param.data_ptr()` (`_get_shared_params`, saved as `shared_params` and used by
+`zero_to_fp32` to rebuild the state dict). XLA tensors have no host address: data_ptr() is 0
+for all of them, so every parameter was recorded as tied to the first, and zero_to_fp32 gave
+each parameter the first one's values and shape. On XLA the engine tells tied parameters by
+what tying makes them: the same Parameter object (`shared_params_by_identity`).
 """
 
 from .import_hooks import PostImportHook, arm
@@ -59,3 +66,38 @@ _HOOK = PostImportHook(ENGINE_MODULE, wrap_engine)
 
 def install():
     arm(_HOOK)
+
+
+def shared_params_by_identity(engine, original):
+    """DeepSpeedEngine._get_shared_params with parameter identity for data_ptr on XLA (ZeRO-3's
+    ds_id and other devices keep DeepSpeed's own answer)."""
+    zero3 = engine.zero_optimization_partition_weights() and any(
+        hasattr(param, "ds_id") for param in engine.module.parameters())
+    if zero3 or engine.device.type != "xla":
+        return original(engine)
+    import deepspeed.comm as dist
+    if dist.get_rank() != 0:
+        return {}
+    first_name, shared = {}, {}
+    for name, param in engine.module.named_parameters(remove_duplicate=False):
+        if id(param) in first_name:
+            shared[name] = first_name[id(param)]
+        else:
+            first_name[id(param)] = name
+    return shared
+
+
+def install_shared_params(engine_module):
+    """Wrap DeepSpeedEngine._get_shared_params (idempotent; engine_hooks.py calls it)."""
+    import functools
+    engine_class = engine_module.DeepSpeedEngine
+    original = engine_class._get_shared_params
+    if getattr(original, "_deepspeed_xla", False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(engine):
+        return shared_params_by_identity(engine, original)
+
+    wrapper._deepspeed_xla = True
+    engine_class._get_shared_params = wrapper

@@ -1,10 +1,11 @@
 """What deepspeed_xla adapts on DeepSpeed's engine class, applied once its module loads.
 
-One post-import hook per module: bucket sizes bounded by the model (bucket_sizes.py) and a
-graph cut at the end of backward and step (step_graphs.py). DeepSpeed's files are not touched.
+One post-import hook per module: bucket sizes bounded by the model (bucket_sizes.py), a graph
+cut at the end of backward and step (step_graphs.py), and tied parameters told by identity
+where data_ptr() tells nothing (checkpointing.py). DeepSpeed's files are not touched.
 """
 
-from . import bucket_sizes, step_graphs
+from . import bucket_sizes, checkpointing, step_graphs
 from .import_hooks import PostImportHook, arm as arm_hook
 
 ENGINE_MODULE = "deepspeed.runtime.engine"
@@ -13,6 +14,7 @@ ENGINE_MODULE = "deepspeed.runtime.engine"
 def _install(engine_module):
     bucket_sizes.install(engine_module)
     step_graphs.install(engine_module)
+    checkpointing.install_shared_params(engine_module)
 
 
 _HOOK = PostImportHook(ENGINE_MODULE, _install)
