@@ -20,6 +20,8 @@ once DeepSpeed's engine module loads (engine_hooks.py); DeepSpeed's files are no
 
 import functools
 
+from .import_hooks import wrap_once
+
 ACCESSORS = ("zero_reduce_bucket_size", "zero_allgather_bucket_size", "zero_prefetch_bucket_size")
 
 
@@ -49,15 +51,12 @@ def _bound(accessor):
             return configured
         return bounded(configured, model_numel(module))
 
-    wrapper._deepspeed_xla = True
     return wrapper
 
 
 def install(engine_module):
     """Bound the bucket-size accessors of `engine_module.DeepSpeedEngine` (idempotent)."""
-    engine_class = engine_module.DeepSpeedEngine
     for name in ACCESSORS:
-        accessor = getattr(engine_class, name, None)
-        if accessor is not None and not getattr(accessor, "_deepspeed_xla", False):
-            setattr(engine_class, name, _bound(accessor))
+        if hasattr(engine_module.DeepSpeedEngine, name):
+            wrap_once(engine_module.DeepSpeedEngine, name, _bound)
 

@@ -19,7 +19,9 @@ each parameter the first one's values and shape. On XLA the engine tells tied pa
 what tying makes them: the same Parameter object (`shared_params_by_identity`).
 """
 
-from .import_hooks import PostImportHook, arm
+import functools
+
+from .import_hooks import PostImportHook, arm, wrap_once
 
 ENGINE_MODULE = "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine"
 
@@ -47,18 +49,17 @@ def to_host(obj):
     return obj
 
 
-def wrap_engine(module):
-    engine = module.TorchCheckpointEngine
-    original = engine.save
-    if getattr(original, "_deepspeed_xla", False):
-        return
+def _saving_host_tensors(original):
 
+    @functools.wraps(original)
     def save(self, state_dict, path):
         return original(self, to_host(state_dict), path)
 
-    save._deepspeed_xla = True
-    save.__wrapped__ = original
-    engine.save = save
+    return save
+
+
+def wrap_engine(module):
+    wrap_once(module.TorchCheckpointEngine, "save", _saving_host_tensors)
 
 
 _HOOK = PostImportHook(ENGINE_MODULE, wrap_engine)
@@ -87,17 +88,15 @@ def shared_params_by_identity(engine, original):
     return shared
 
 
-def install_shared_params(engine_module):
-    """Wrap DeepSpeedEngine._get_shared_params (idempotent; engine_hooks.py calls it)."""
-    import functools
-    engine_class = engine_module.DeepSpeedEngine
-    original = engine_class._get_shared_params
-    if getattr(original, "_deepspeed_xla", False):
-        return
+def _telling_tied_params_by_identity(original):
 
     @functools.wraps(original)
     def wrapper(engine):
         return shared_params_by_identity(engine, original)
 
-    wrapper._deepspeed_xla = True
-    engine_class._get_shared_params = wrapper
+    return wrapper
+
+
+def install_shared_params(engine_module):
+    """Wrap DeepSpeedEngine._get_shared_params (idempotent; engine_hooks.py calls it)."""
+    wrap_once(engine_module.DeepSpeedEngine, "_get_shared_params", _telling_tied_params_by_identity)

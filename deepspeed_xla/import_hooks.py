@@ -46,6 +46,17 @@ class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
+def wrap_once(owner, name, wrap):
+    """Replace `owner.name` with `wrap(original)` unless it is already one of ours (a wrapper
+    carries `_deepspeed_xla`), so that arming twice never wraps twice."""
+    original = getattr(owner, name)
+    if getattr(original, "_deepspeed_xla", False):
+        return
+    wrapper = wrap(original)
+    wrapper._deepspeed_xla = True
+    setattr(owner, name, wrapper)
+
+
 def arm(hook):
     """Put `hook` in place for this process, once; if its module is already loaded, act now."""
     loaded = sys.modules.get(hook.module_name)

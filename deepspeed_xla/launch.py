@@ -25,11 +25,12 @@ DeepSpeed's files (the activation hook calls them, see _activation.py):
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from typing import Mapping, MutableMapping
 
-from .import_hooks import PostImportHook, arm
+from .import_hooks import PostImportHook, arm, wrap_once
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 DEFAULT_ENV_FILE = ".deepspeed_env"
@@ -116,18 +117,19 @@ def prepare_runner_from_argv(argv) -> None:
 
 def wrap_runner_main(runner_module) -> None:
     """Make `deepspeed.launcher.runner.main` prepare the environment first (idempotent)."""
-    original = getattr(runner_module, "main", None)
-    if original is None or getattr(original, "_deepspeed_xla", False):
+    if getattr(runner_module, "main", None) is None:
         return
 
-    def main(args=None):
-        prepare_runner_environment(runner_module.parse_args(args))
-        return original(args)
+    def wrap(original):
 
-    main._deepspeed_xla = True
-    main.__wrapped__ = original
-    main.__doc__ = original.__doc__
-    runner_module.main = main
+        @functools.wraps(original)
+        def main(args=None):
+            prepare_runner_environment(runner_module.parse_args(args))
+            return original(args)
+
+        return main
+
+    wrap_once(runner_module, "main", wrap)
 
 
 RUNNER_MODULE = "deepspeed.launcher.runner"  # what the `deepspeed` command runs

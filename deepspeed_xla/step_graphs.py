@@ -20,6 +20,7 @@ training loops mark a step after the optimizer step:
 import functools
 
 from . import runtime
+from .import_hooks import wrap_once
 
 
 def reads_gradients_in_step(engine):
@@ -31,23 +32,23 @@ def _always(engine):
     return True
 
 
-def _ending_in_a_sync(method, when):
+def _ending_in_a_sync(when):
 
-    @functools.wraps(method)
-    def wrapper(engine, *args, **kwargs):
-        result = method(engine, *args, **kwargs)
-        if engine.device.type == "xla" and when(engine):
-            runtime.sync(wait=False)
-        return result
+    def wrap(method):
 
-    wrapper._deepspeed_xla = True
-    return wrapper
+        @functools.wraps(method)
+        def wrapper(engine, *args, **kwargs):
+            result = method(engine, *args, **kwargs)
+            if engine.device.type == "xla" and when(engine):
+                runtime.sync(wait=False)
+            return result
+
+        return wrapper
+
+    return wrap
 
 
 def install(engine_module):
     """End DeepSpeedEngine.step, and .backward where the step reads gradients, with a sync (idempotent)."""
-    engine_class = engine_module.DeepSpeedEngine
     for name, when in (("backward", reads_gradients_in_step), ("step", _always)):
-        method = getattr(engine_class, name)
-        if not getattr(method, "_deepspeed_xla", False):
-            setattr(engine_class, name, _ending_in_a_sync(method, when))
+        wrap_once(engine_module.DeepSpeedEngine, name, _ending_in_a_sync(when))
