@@ -181,15 +181,22 @@ def chip_owners(proc_root: str | os.PathLike = "/proc") -> dict[str, list[int]]:
     """{TPU device file: PIDs that hold it open} (/dev/accelN on v2-v4, /dev/vfio/N from v5e),
     read from /proc/<pid>/fd without touching the chips; empty where nothing holds one."""
     owners: dict[str, list[int]] = {}
-    for fd in Path(proc_root).glob("[0-9]*/fd/*"):
-        try:
-            target = os.readlink(fd)
+    try:
+        pids = [entry.name for entry in os.scandir(proc_root) if entry.name.isdigit()]
+    except OSError:
+        return owners
+    for pid in pids:
+        try:  # a process may exit, or not be ours to read, at any point of the scan
+            fds = [entry.path for entry in os.scandir(os.path.join(proc_root, pid, "fd"))]
         except OSError:
-            continue  # the process or descriptor went away, or is not ours to read
-        if _CHIP_DEVICE.fullmatch(target):
-            pid = int(fd.parent.parent.name)
-            if pid not in owners.setdefault(target, []):
-                owners[target].append(pid)
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd)
+            except OSError:
+                continue
+            if _CHIP_DEVICE.fullmatch(target) and int(pid) not in owners.setdefault(target, []):
+                owners[target].append(int(pid))
     return owners
 
 

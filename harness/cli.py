@@ -188,11 +188,15 @@ def repeat_dir(out, attempt):
 def finish(*, out, run_id, suite, expected, env_fingerprint, child_rcs, interrupted):
     """Write report.json, junit.xml, report.md and plots from the run's parts (one set per attempt
     of a --repeat run, merged: a check whose status changed is flaky); returns the report."""
-    attempts = [report_json.read_parts(repeat_dir(out, k) / "parts") for k in range(1, len(child_rcs) + 1)]
+    parts = [repeat_dir(out, k) / "parts" for k in range(1, len(child_rcs) + 1)]
+    attempts = [report_json.read_parts(path) for path in parts]
     session = attempts[0][1]
-    results = outcomes.merge_attempts([results for results, _ in attempts])
-    complete = (not interrupted and all(rc in _FINISHED for rc in child_rcs)
-                and all(attempt_session.get("finished") for _, attempt_session in attempts))
+    results = outcomes.merge_attempts([results for results, _ in attempts], last_interrupted=interrupted)
+    # An attempt is complete when its session finished, or when every check it collected has a
+    # result (the last check crashed its process, or the process died after the last check).
+    complete = not interrupted and all(
+        (rc in _FINISHED and attempt_session.get("finished")) or report_json.every_check_ran(path)
+        for rc, (_, attempt_session), path in zip(child_rcs, attempts, parts))
     unmatched = expectations.apply(results, expected) if complete else []
     artifacts = curves.plot_results(results, out)
     report = report_json.build(run_id=run_id, suite=suite, results=results, session=session,

@@ -150,6 +150,13 @@ def use_stack_extensions(environ=os.environ):
     return Path(environ.get(EXTENSIONS_ENV) or Path.home() / ".cache" / "torch_extensions")
 
 
+def _age(path, now=None):
+    try:
+        return (now or time.time()) - path.stat().st_mtime
+    except OSError:  # released (deleted) since it was listed
+        return 0.0
+
+
 def stale_build_locks(root, now=None):
     """Build locks under `root` (torch's FileBaton `lock` files) that no build holds any more.
 
@@ -160,8 +167,7 @@ def stale_build_locks(root, now=None):
     """
     if not root or not Path(root).is_dir():
         return []
-    locks = [lock for lock in Path(root).glob("**/lock")
-             if (now or time.time()) - lock.stat().st_mtime > STALE_LOCK_AGE_S]
+    locks = [lock for lock in Path(root).glob("**/lock") if _age(lock, now) > STALE_LOCK_AGE_S]
     if not locks:
         return []
     import psutil

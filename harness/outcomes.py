@@ -34,11 +34,12 @@ def status_of(reports):
     `error`: the check could not be set up or torn down, ran out of time, or never finished
     (its process ended); `failed`: it ran and got a wrong answer.
     """
-    for report in reports:
+    for report in reports:  # a failure in any phase decides, even after a skip (a failing teardown)
         if report.failed:
             if report.when != "call" or TIMEOUT_MARK in _text(report.longrepr):
                 return "error", report
             return "failed", report
+    for report in reports:
         if report.skipped:
             return ("xfailed" if getattr(report, "wasxfail", None) is not None else "skipped"), report
     call = next((r for r in reports if r.when == "call"), None)
@@ -81,15 +82,18 @@ def result_record(nodeid, reports):
     }
 
 
-def merge_attempts(attempts):
+def merge_attempts(attempts, last_interrupted=False):
     """One result per check from the results of repeated runs of the same checks (lists of records).
 
     A check with the same status every time keeps its first record; one whose status changed is
     `flaky`, with every status in its evidence and the message of its first non-passing attempt.
-    A check missing from an attempt (an interrupted attempt) is judged on the attempts that ran it.
+    A check missing from an attempt is judged on the attempts that ran it; so is the check an
+    interrupted last attempt cut off (its `error` says nothing about the check).
     """
     if len(attempts) == 1:
         return list(attempts[0])
+    if last_interrupted:
+        attempts = [*attempts[:-1], [r for r in attempts[-1] if r["status"] != "error"]]
     merged = {}
     for records in attempts:
         for record in records:

@@ -22,7 +22,7 @@ def load(path):
         report = json.loads(path.read_text())
     except FileNotFoundError:
         raise DiffError(f"{path} does not exist") from None
-    except (OSError, json.JSONDecodeError) as err:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         raise DiffError(f"{path} is not a report.json: {err}") from None
     if not isinstance(report, dict) or report.get("schema_version") != SCHEMA_VERSION or "results" not in report:
         raise DiffError(f"{path} is not a report.json of schema version {SCHEMA_VERSION}")
@@ -70,4 +70,7 @@ def run(args):
     old, new = load(args.old), load(args.new)
     changes = compare(old, new)
     print(render(changes, args.old, args.new))
+    if not new.get("complete", True):
+        print(f"harness diff: {args.new} is an incomplete run: the checks it did not reach are listed as removed")
+        return 1
     return 1 if changes["regressions"] else 0

@@ -73,6 +73,12 @@ def progress(parts_dir):
             {e["id"] for e in events if e.get("event") == "result"})
 
 
+def every_check_ran(parts_dir):
+    """True when the checks collected last (and every check started) have a result."""
+    collected, started, finished = progress(parts_dir)
+    return collected is not None and set(collected) | set(started) <= finished
+
+
 def summarize(results):
     summary = {status: 0 for status in STATUSES}
     for result in results:

@@ -12,6 +12,7 @@ report has no broken images.
 import html
 import json
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -64,18 +65,23 @@ def _curve_link(path):
 
 
 def local_paths():
-    """(text, placeholder) for every path and name of this machine a report must not show."""
+    """[(pattern, placeholder)] for every path and name of this machine a report must not show."""
     places = [(str(_REPO), "<repo>"), (sys.prefix, "<python-env>"), (tempfile.gettempdir(), "<tmp>"),
               (str(Path.home()), "~")]
     places = [(os.path.realpath(path), name) for path, name in places] + places
+    places = [(path.rstrip("/"), name) for path, name in places if len(path.rstrip("/")) > 1]  # never "/" itself
     places.sort(key=lambda place: -len(place[0]))  # the longest first: the repository before the home in it
+    # A path only where it is one (followed by "/" or the end of a word); the host name only as a whole word.
+    patterns = [(re.compile(re.escape(path) + r"(?=/|\b|$)"), name) for path, name in places]
     host = socket.gethostname()
-    return places + ([(host, "<host>")] if len(host) > 2 else [])
+    if len(host) > 2:
+        patterns.append((re.compile(r"(?<![\w.-])" + re.escape(host) + r"(?![\w-])"), "<host>"))
+    return patterns
 
 
 def redact(text):
-    for path, placeholder in local_paths():
-        text = text.replace(path, placeholder)
+    for pattern, placeholder in local_paths():
+        text = pattern.sub(placeholder, text)
     return text
 
 
@@ -118,7 +124,7 @@ def _upstream_section(report):
         verdicts = ", ".join(f"{count} {verdict}" for verdict, count in row["verdicts"].items())
         lines.append(f"| `{path}` | {row['tests']} | {sides[0]} | {sides[1]} | {verdicts} |")
     timing = "; ".join(f"{name} {side['seconds']:.0f} s in {side['sessions']} session(s)"
-                       + (f", {len(side['stopped'])} test(s) stopped after {up['timeout_s']} s" if side["stopped"] else "")
+                       + (f", {len(side['stopped'])} stopped after {up['stopped_after_s']} s" if side["stopped"] else "")
                        for name, side in up["sides"].items())
     lines += ["", f"Time: {timing}."]
     if up["stale_selection"]:

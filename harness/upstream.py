@@ -129,10 +129,12 @@ def run(args):
     for test_id in report["expectations"]["xpassed"]:
         _say(f"known difference now passes: {test_id}")
     verdicts = report["upstream"]["verdicts"]
-    _say("upstream: " + ", ".join(f"{count} {verdict}" for verdict, count in verdicts.items() if count)
+    _say("upstream: " + (", ".join(f"{count} {verdict}" for verdict, count in verdicts.items() if count)
+                         or "no test was judged (the selection and -k left nothing to run)")
          + ("" if report["complete"] else "; INCOMPLETE run"))
     _say(f"report: {out / 'report.md'} (report.json, junit.xml; latest: {latest})")
-    return 0 if report["complete"] and not any(report["summary"][s] for s in report_json.FAILING) else 1
+    judged = report["summary"]["total"] > 0
+    return 0 if judged and report["complete"] and not any(report["summary"][s] for s in report_json.FAILING) else 1
 
 
 def _counts_text(counts):
@@ -157,10 +159,12 @@ def _report(*, run_id, out, src, spec, selection, missing, sides, args, env, com
     judged = baseline.results if complete else {k: v for k, v in baseline.results.items() if k in candidate.results}
     results = _without_checkout_path(upstream_verdicts.judge_all(judged, candidate.results), src)
     unmatched = expectations.apply(results, list(selection.known))
-    if not complete:
+    # Entries left out by -k, or not reached by an interrupted run, are not stale.
+    whole = complete and not args.keyword
+    if not whole:
         unmatched = []
     stale = missing + ([entry.label for entry in selection.stale_entries([*baseline.results, *candidate.results])
-                        if entry.path not in missing] if complete else [])
+                        if entry.path not in missing] if whole else [])
     fingerprint = environment.fingerprint(args.backend, spec.text, "PJRT CPU" if args.backend == "cpu" else "TPU",
                                           args.devices, env)
     report = report_json.build(run_id=run_id, suite="upstream", results=results, session={},
@@ -177,6 +181,7 @@ def _report(*, run_id, out, src, spec, selection, missing, sides, args, env, com
                          "counts": upstream_verdicts.side_counts(side.results)}
                   for name, side in (("baseline", baseline), ("candidate", candidate))},
         "timeout_s": args.timeout,
+        "stopped_after_s": args.timeout + upstream_run.GRACE_S,
     }
     report_json.write(report, out / "report.json")
     report_junit.write(results, out / "parts", out / "junit.xml")

@@ -58,6 +58,17 @@ def _overdue(events, limit_s, now):
     return late[0]["id"] if late else None
 
 
+IDLE = "(no test running)"  # what the watchdog stopped when the session hung between tests
+
+
+def _quiet_for(events_path, started, now):
+    """Seconds since the session last recorded anything (collection, a test, its end)."""
+    try:
+        return now - events_path.stat().st_mtime
+    except OSError:
+        return now - started
+
+
 def _lost(nodeid, reason):
     return {"id": nodeid, "area": "upstream", "method": None, "status": "error", "message": reason,
             "duration_s": 0.0, "evidence": {}, "traceback": ""}
@@ -90,14 +101,18 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
         with open(log_path, "w", encoding="utf-8") as log:
             process = subprocess.Popen(command, cwd=tests_dir, env=child_env, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)
-            stopped = None
+            stopped, session_started = None, time.time()
             try:
                 while process.poll() is None:
                     time.sleep(POLL_S)
-                    stopped = _overdue(_events(events_path), timeout_s + grace_s, time.time())
+                    now = time.time()
+                    stopped = _overdue(_events(events_path), timeout_s + grace_s, now)
+                    if stopped is None and _quiet_for(events_path, session_started, now) > timeout_s + grace_s:
+                        stopped = IDLE  # hung in collection, between tests or at exit (a pool that never closes)
                     if stopped:
                         say(f"{name}: {stopped} ran past {timeout_s + grace_s} s; stopping its session")
                         process_group.stop(process)
+                        break
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: leave no rank behind
                 run.interrupted = True
                 process_group.stop(process, first=signal.SIGINT)
@@ -117,7 +132,10 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
                 if event["id"] == stopped:
                     run.stopped.append(stopped)
                     reason = (f"did not finish within {timeout_s + grace_s} s (DS_UNITTEST_TIMEOUT {timeout_s} s "
-                              f"+ {grace_s} s): a rank hung or died; its session was stopped")
+                              f"+ {grace_s} s): a rank hung or died, or the test is slower than that; its session "
+                              "was stopped")
+                elif stopped:
+                    continue  # another worker's test, cut off by the stop: it runs again in the next session
                 else:
                     reason = _ended_reason(process.returncode, tail)
                 run.results[event["id"]] = _lost(event["id"], reason)

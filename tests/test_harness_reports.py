@@ -34,6 +34,7 @@ def phase(when, outcome, **extra):
     ([phase("setup", "passed"), phase("call", "skipped", wasxfail="known"), phase("teardown", "passed")], "xfailed"),
     ([phase("setup", "passed"), phase("call", "passed", wasxfail="known"), phase("teardown", "passed")], "xpassed"),
     ([phase("setup", "passed")], "error"),  # its session ended during the test (pytest.exit, a lost worker)
+    ([phase("setup", "passed"), phase("call", "skipped"), phase("teardown", "failed")], "error"),
 ])
 def test_status_of(phases, status):
     assert status_of(phases)[0] == status
@@ -303,9 +304,25 @@ def test_report_md_states_the_stack_and_the_transport(tmp_path):
                     "copies)")
 
 
-def report_with(statuses):
-    return {"schema_version": 1, "results": [{"id": test_id, "status": status, "message": f"{status} msg"}
-                                             for test_id, status in statuses.items()]}
+def report_with(statuses, complete=True):
+    return {"schema_version": 1, "complete": complete,
+            "results": [{"id": test_id, "status": status, "message": f"{status} msg"}
+                        for test_id, status in statuses.items()]}
+
+
+def test_diff_against_an_incomplete_run_fails(tmp_path):
+    (tmp_path / "old.json").write_text(json.dumps(report_with({"a": "passed", "b": "passed"})))
+    (tmp_path / "new.json").write_text(json.dumps(report_with({"a": "passed"}, complete=False)))
+    proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / "old.json"),
+                           str(tmp_path / "new.json")], cwd=cli.REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "is an incomplete run" in proc.stdout and "  removed: b" in proc.stdout
+
+
+def test_redaction_replaces_paths_and_the_host_name_only_where_they_stand(monkeypatch):
+    from harness import report_md
+    monkeypatch.setattr(report_md.socket, "gethostname", lambda: "test")
+    text = f"{cli.REPO}/conformance/test_collectives.py::test_all_reduce on test, {cli.REPO}x"
+    assert report_md.redact(text) == f"<repo>/conformance/test_collectives.py::test_all_reduce on <host>, {cli.REPO}x"
 
 
 def test_diff_lists_regressions_fixes_new_and_removed_checks(tmp_path):
@@ -342,3 +359,21 @@ def test_tolerance_rows_per_device():
     assert tolerance("fp32", "CPU") == (1e-5, 1e-6)
     assert tolerance("fp32", "TPU") == (1e-4, 1e-5)  # compared at DS_XLA_MATMUL_PRECISION=highest
     assert tolerance("bf16", "TPU") == tolerance("bf16", "CPU")
+
+
+def test_a_run_whose_last_check_crashed_its_process_is_complete(tmp_path):
+    """The crashed check is recorded by the orchestrator; its session never wrote that it finished."""
+    ids = [f"{DEVICE}::test_synchronize[None]", f"{DEVICE}::test_on_accelerator"]
+    write_parts(tmp_path, [{"event": "collected", "ids": ids}, {"event": "start", "id": ids[0]},
+                           result(ids[0], "passed", "synchronize"), {"event": "start", "id": ids[1]},
+                           result(ids[1], "error", "on_accelerator", message="the check's process ended")],
+                finished=False)
+    report = finish(tmp_path, child_rc=0)
+    assert report["complete"] and report["summary"]["error"] == 1
+
+
+def test_an_unfinished_session_with_a_check_left_is_incomplete(tmp_path):
+    ids = [f"{DEVICE}::test_synchronize[None]", f"{DEVICE}::test_on_accelerator"]
+    write_parts(tmp_path, [{"event": "collected", "ids": ids}, {"event": "start", "id": ids[0]},
+                           result(ids[0], "passed", "synchronize")], finished=False)
+    assert finish(tmp_path, child_rc=-9)["complete"] is False

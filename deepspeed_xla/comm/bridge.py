@@ -353,6 +353,7 @@ class HostBridgeProcessGroup(ProcessGroup):
         arguments.splits(self._where("all_to_all_single"), output, output_split_sizes, self.size(), "output")
         arguments.same_dtype(self._where("all_to_all_single"), [input, output])
         if self._alone:
+            arguments.flat_sizes(self._where("all_to_all_single"), output, input, 1, "output", "input")
             _write_back(output, input.reshape(output.shape))
             return _done([output])
         host_output = _host_empty(output)
@@ -368,6 +369,7 @@ class HostBridgeProcessGroup(ProcessGroup):
         arguments.one_per_rank(self._where("all_to_all"), output_tensors, self.size(), "output list")
         arguments.same_dtype(self._where("all_to_all"), [*input_tensors, *output_tensors])
         if self._alone:
+            arguments.flat_sizes(self._where("all_to_all"), output_tensors[0], input_tensors[0], 1, "output", "input")
             _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape))
             return _done(output_tensors)
         host_input = torch.cat([_host(t).reshape(-1) for t in input_tensors])
@@ -382,15 +384,15 @@ class HostBridgeProcessGroup(ProcessGroup):
     def send(self, tensors, dst, tag):
         # Point to point stays asynchronous (isend/irecv pairs may cross): the host copy
         # is taken now, the transfer completes when the caller waits.
+        arguments.peer(self._where(f"send(dst=group rank {dst})"), dst, self.rank(), self.size())
         op = f"send(dst={self._global_ranks[dst]})"
-        arguments.peer(self._where(op), dst, self.rank(), self.size())
         hosts = [_host(t) for t in tensors]
         self._enter(op)
         return _PendingWork(self, op, self._gloo.send(hosts, dst, tag), tensors)
 
     def recv(self, tensors, src, tag):
+        arguments.peer(self._where(f"recv(src=group rank {src})"), src, self.rank(), self.size())
         op = f"recv(src={self._global_ranks[src]})"
-        arguments.peer(self._where(op), src, self.rank(), self.size())
         hosts = [_host_empty(t) for t in tensors]
         self._enter(op)
 
