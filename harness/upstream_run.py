@@ -24,6 +24,7 @@ from . import process_group
 from .upstream_plugin import UPSTREAM_EVENTS_ENV
 
 GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
+COLLECTION_S = 600  # the least a session may take to collect before it is thought hung
 POLL_S = 1.0
 _REPO = Path(__file__).resolve().parents[1]
 
@@ -105,10 +106,13 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
             try:
                 while process.poll() is None:
                     time.sleep(POLL_S)
-                    now = time.time()
-                    stopped = _overdue(_events(events_path), timeout_s + grace_s, now)
-                    if stopped is None and _quiet_for(events_path, session_started, now) > timeout_s + grace_s:
-                        stopped = IDLE  # hung in collection, between tests or at exit (a pool that never closes)
+                    now, events = time.time(), _events(events_path)
+                    stopped = _overdue(events, timeout_s + grace_s, now)
+                    # Hung between tests or at exit (a pool that never closes), or in collection, which
+                    # imports the whole selection and gets COLLECTION_S at least.
+                    quiet_limit = timeout_s + grace_s if events else max(timeout_s + grace_s, COLLECTION_S)
+                    if stopped is None and _quiet_for(events_path, session_started, now) > quiet_limit:
+                        stopped = IDLE
                     if stopped:
                         say(f"{name}: {stopped} ran past {timeout_s + grace_s} s; stopping its session")
                         process_group.stop(process)
