@@ -14,13 +14,19 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 
 
-def test_ctrl_c_writes_incomplete_report(tmp_path):
+def start_harness(tmp_path, suite):
+    """(process, run directory) of `python -m harness run --suite SUITE` in a session of its own,
+    which stands in for a terminal's foreground process group or a CI job."""
     out = tmp_path / "run"
     env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
-    # A session of its own stands in for the terminal's foreground process group.
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", "interface",
+    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", suite,
                              "--out", str(out)], cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return proc, out
+
+
+def test_ctrl_c_writes_incomplete_report(tmp_path):
+    proc, out = start_harness(tmp_path, "interface")
     results = out / "parts" / "results.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and (not results.is_file() or len(results.read_text().splitlines()) < 20):
@@ -49,11 +55,7 @@ def processes_of_run(out):
 
 def test_sigterm_stops_every_rank_and_writes_incomplete_report(tmp_path):
     """A cancelled CI job: SIGTERM to the harness alone, while DeepSpeed's launcher runs ranks."""
-    out = tmp_path / "run"
-    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
-    proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", "collectives",
-                             "--out", str(out)], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc, out = start_harness(tmp_path, "collectives")
     deadline = time.monotonic() + 300
     ranks = []
     while time.monotonic() < deadline and not ranks:
