@@ -200,6 +200,21 @@ def chip_owners(proc_root: str | os.PathLike = "/proc") -> dict[str, list[int]]:
     return owners
 
 
+def chip_holders_line(proc_root: str | os.PathLike = "/proc", own_pid: int | None = None) -> str | None:
+    """One line naming the processes other than `own_pid` (default: this one) that hold TPU chips
+    open, and the chips; None when no other process holds one."""
+    own_pid = os.getpid() if own_pid is None else own_pid
+    held = {device: [pid for pid in pids if pid != own_pid] for device, pids in chip_owners(proc_root).items()}
+    held = {device: pids for device, pids in held.items() if pids}
+    if not held:
+        return None
+    pids = sorted({pid for pids in held.values() for pid in pids})
+    many = len(pids) > 1
+    return (f"the TPU chips are held by process{'es' if many else ''} {', '.join(map(str, pids))} "
+            f"({', '.join(sorted(held))}); stop {'them' if many else 'it'} first: the process that opens the chips "
+            "owns them")
+
+
 def detect_topology(environ: Mapping[str, str] | None = None, *,
                     sysfs_root: str | os.PathLike = PCI_DEVICES,
                     timeout: float = 2.0) -> TpuTopology | None:

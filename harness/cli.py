@@ -110,9 +110,11 @@ def _plan(args):
     device_kind, device_count = environment.devices(args.backend)
     if device_count < 1:
         raise UsageError(f"--backend {args.backend}: no {device_kind} devices found on this host")
-    holders = environment.tpu_holders_line() if args.backend == "tpu" else None
-    if holders:
-        raise UsageError(f"--backend tpu: {holders}")
+    if args.backend == "tpu":
+        from deepspeed_xla.tpu_topology import chip_holders_line  # /proc only: the chips stay untouched
+        holders = chip_holders_line()
+        if holders:
+            raise UsageError(f"--backend tpu: {holders}")
     return spec, modules, expected, device_kind, device_count
 
 
@@ -136,15 +138,6 @@ def _run_child(command, env):
         process_group.reap(child)
 
 
-def _how_it_ended(returncode):
-    if returncode >= 0:
-        return f"exit status {returncode}"
-    try:
-        return f"signal {-returncode} ({signal.Signals(-returncode).name})"
-    except ValueError:
-        return f"signal {-returncode}"
-
-
 def _run_isolating_crashes(command, targets, pytest_args, env, parts):
     """Run the checks; when a check ends the child process (an abort, a segfault, a kill), record it
     as an error naming how, and start a new child on the checks not yet run.
@@ -164,11 +157,11 @@ def _run_isolating_crashes(command, targets, pytest_args, env, parts):
         for nodeid in crashed:
             report_json.append_result(parts, {
                 "id": nodeid, "status": "error", "duration_s": 0.0, "evidence": {}, "traceback": "",
-                "message": f"the check's process ended ({_how_it_ended(returncode)}) before the check finished; "
+                "message": f"the check's process ended ({process_group.how_it_ended(returncode)}) before the check finished; "
                            "the other checks ran on in a new process"})
         done = set(started)
         pending = [nodeid for nodeid in collected if nodeid not in done]
-        print(f"harness: {crashed[-1]} ended its process ({_how_it_ended(returncode)}); "
+        print(f"harness: {crashed[-1]} ended its process ({process_group.how_it_ended(returncode)}); "
               f"{len(pending)} check(s) left, resumed in a new process", flush=True)
         if not pending:
             return 0, False

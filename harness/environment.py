@@ -17,7 +17,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 # Variables that change what a run means; nothing else from the environment is recorded.
 ENV_ALLOWLIST = ("PJRT_DEVICE", "DS_ACCELERATOR", "XLA_FLAGS", "CPU_NUM_DEVICES", "TPU_ACCELERATOR_TYPE",
-                 "TPU_VISIBLE_CHIPS", "DS_XLA_MATMUL_PRECISION")
+                 "TPU_VISIBLE_CHIPS")
 
 
 def installed_version(distribution):
@@ -82,17 +82,6 @@ def tpu_slice():
     if topology is None:
         return {}
     return {"tpu_topology": topology.accelerator_type, "tpu_hosts": len(topology.worker_ips)}
-
-
-def tpu_holders_line(own_pid=None):
-    """One line naming the processes that hold this host's TPU chips, or None when none does."""
-    from deepspeed_xla.tpu_topology import chip_owners
-    own_pid = os.getpid() if own_pid is None else own_pid
-    pids = sorted({pid for pids in chip_owners().values() for pid in pids if pid != own_pid})
-    if not pids:
-        return None
-    return (f"the TPU chips are held by process{'es' if len(pids) > 1 else ''} {', '.join(map(str, pids))}; stop "
-            f"{'them' if len(pids) > 1 else 'it'} first: the process that opens the chips owns them")
 
 
 _TRANSPORTS = {"bridge": "host bridge (gloo between host copies)", "native": "XLA-native collectives"}

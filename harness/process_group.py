@@ -27,6 +27,16 @@ def reap(process):
     _signal_group(process.pid, signal.SIGKILL)
 
 
+def how_it_ended(returncode):
+    """'exit status 3' or 'signal 6 (SIGABRT)' for a child's return code (-N: killed by signal N)."""
+    if returncode >= 0:
+        return f"exit status {returncode}"
+    try:
+        return f"signal {-returncode} ({signal.Signals(-returncode).name})"
+    except ValueError:
+        return f"signal {-returncode}"
+
+
 def _signal_group(pgid, sig):
     try:
         os.killpg(pgid, sig)

@@ -42,8 +42,10 @@ def read_parts(parts_dir):
     return list(results.values()), session
 
 
-def _events(parts_dir):
-    path = Path(parts_dir) / RESULTS_FILE
+def read_events(path):
+    """The records of a JSON-lines event stream (a check session's, or DeepSpeed's test session's
+    under `upstream`); none when it does not exist. A line cut short by a killed process is skipped."""
+    path = Path(path)
     if not path.is_file():
         return []
     events = []
@@ -51,8 +53,12 @@ def _events(parts_dir):
         try:
             events.append(json.loads(line))
         except json.JSONDecodeError:
-            continue  # a line cut short by a killed process
+            continue
     return events
+
+
+def _events(parts_dir):
+    return read_events(Path(parts_dir) / RESULTS_FILE)
 
 
 def append_result(parts_dir, record):

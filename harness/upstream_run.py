@@ -11,7 +11,6 @@ seconds, stops the whole process group (pool workers included). The test in prog
 recorded as an error naming why; the session is started again on the tests not yet run.
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import process_group
+from .report_json import read_events
 from .upstream_plugin import UPSTREAM_EVENTS_ENV
 
 GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
@@ -38,17 +38,6 @@ class SideRun:
     stopped: list = field(default_factory=list)  # node ids the watchdog stopped
     seconds: float = 0.0
     interrupted: bool = False  # Ctrl-C or SIGTERM: the results are what finished before it
-
-
-def _events(path):
-    events = []
-    if path.is_file():
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                events.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # the last line of a killed process
-    return events
 
 
 def _overdue(events, limit_s, now):
@@ -77,8 +66,7 @@ def _lost(nodeid, reason):
 
 def _ended_reason(returncode, log_tail):
     hint = next((line.strip() for line in reversed(log_tail) if "Test hanged" in line or "Exit:" in line), "")
-    how = f"signal {-returncode}" if returncode < 0 else f"exit status {returncode}"
-    return (f"the test session ended ({how}) before this test reported a result"
+    return (f"the test session ended ({process_group.how_it_ended(returncode)}) before this test reported a result"
             + (f": {hint}" if hint else "; a rank process may have died"))
 
 
@@ -106,7 +94,7 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
             try:
                 while process.poll() is None:
                     time.sleep(POLL_S)
-                    now, events = time.time(), _events(events_path)
+                    now, events = time.time(), read_events(events_path)
                     stopped = _overdue(events, timeout_s + grace_s, now)
                     # Hung between tests or at exit (a pool that never closes), or in collection, which
                     # imports the whole selection and gets COLLECTION_S at least.
@@ -121,7 +109,7 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
                 run.interrupted = True
                 process_group.stop(process, first=signal.SIGINT)
             process_group.reap(process)  # pool workers or a forkserver that outlived pytest
-        events = _events(events_path)
+        events = read_events(events_path)
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]
         collected = next((e["ids"] for e in events if e["event"] == "collected"), None)
         for event in events:

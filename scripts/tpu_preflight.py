@@ -8,12 +8,11 @@ the process that opens the chips owns them, and the suite's ranks could not star
 only the standard library: the chips are counted on the PCI bus, the holders found in /proc.
 """
 
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_xla.tpu_topology import PCI_DEVICES, chip_owners, count_tpu_chips  # noqa: E402
+from deepspeed_xla.tpu_topology import PCI_DEVICES, chip_holders_line, count_tpu_chips  # noqa: E402
 
 
 def preflight(sysfs_root=PCI_DEVICES, proc_root="/proc", own_pid=None):
@@ -22,14 +21,9 @@ def preflight(sysfs_root=PCI_DEVICES, proc_root="/proc", own_pid=None):
     if chips == 0:
         return 2, ("tox -e tpu: this machine has no TPU chips on its PCI bus; run it on a TPU VM "
                    "(on this machine, PJRT CPU emulation: tox -e cpu)")
-    own_pid = os.getpid() if own_pid is None else own_pid
-    held = {device: [pid for pid in pids if pid != own_pid] for device, pids in chip_owners(proc_root).items()}
-    held = {device: pids for device, pids in held.items() if pids}
+    held = chip_holders_line(proc_root, own_pid)
     if held:
-        pids = sorted({pid for pids in held.values() for pid in pids})
-        return 2, (f"tox -e tpu: the TPU chips are held by process{'es' if len(pids) > 1 else ''} "
-                   f"{', '.join(map(str, pids))} ({', '.join(sorted(held))}); stop {'them' if len(pids) > 1 else 'it'} "
-                   "first: the process that opens the chips owns them")
+        return 2, f"tox -e tpu: {held}"
     return 0, f"tox -e tpu: {chips} TPU chip{'s' if chips > 1 else ''} on this host, none held by another process"
 
 
