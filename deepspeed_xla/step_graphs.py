@@ -1,35 +1,58 @@
-"""DeepSpeed's optimizer step ends in a graph cut on XLA, and so does a backward pass whose
-gradients the step then reads on the host.
+"""Where DeepSpeed's training step cuts its XLA graph: at the end of the optimizer step, and
+before each value the engine reads on the host.
 
 XLA runs the traced graph lazily, when a value is read (the loss a script logs, the gradient
 -norm and overflow checks of DeepSpeed's ZeRO and mixed-precision optimizers) or at a sync. A
-read runs only what that value needs and keeps none of the rest: the next read runs the
-shared part again. Under ZeRO-1/2 that shared part copies every gradient into its bucket, so
-each of the step's host reads re-ran the whole backward pass. CUDA runs each op once, as it
-is issued; the XLA equivalent is to cut the graph where a phase ends, as PyTorch/XLA's own
-training loops mark a step after the optimizer step:
+read runs only what that value needs and keeps none of the rest: the next read, and the sync
+after it, run the shared part again. Under ZeRO-1/2 the first of the step's two norm checks
+ran the whole backward pass, the second the norm again, and the sync at the step's end all of
+it once more. CUDA runs each op once, as it is issued; the XLA equivalent is to cut the graph
+where the engine needs a value, as PyTorch/XLA's own loops mark a step before reading one:
+  - inside `engine.backward()` and `engine.step()`, a host read of an XLA scalar (`.item()`,
+    `bool()`, `float()`: `aten::_local_scalar_dense`) first cuts the pending graph, so the value
+    comes from the graph that computed everything traced so far, and nothing is computed twice;
   - `engine.step()` ends with a sync (the engine cuts there only from its third step, and only
     through its throughput timer);
-  - `engine.backward()` ends with a sync (after DeepSpeed has reduced the gradients) where the
-    step reads them on the host first: ZeRO stages 1-3 and bf16/fp16. Plain fp32 ZeRO-0 reads
-    nothing, and a cut there would only split one graph in two.
+  - under ZeRO-3, `engine.backward()` also ends with a sync: its step gathers and re-partitions
+    parameters around the reads, and one backward-plus-step graph measured slower than two
+    (255 against 166 ms per step for a 4.2M-parameter MLP on PJRT CPU).
+Reads outside the engine's calls (a script's own `loss.item()`) keep PyTorch/XLA's behaviour.
 `install()` wraps the two methods of DeepSpeedEngine once DeepSpeed's engine module loads
 (engine_hooks.py); DeepSpeed's files are not touched.
 """
 
 import functools
+import warnings
+
+import torch
 
 from . import runtime
 from .import_hooks import wrap_once
 
-
-def reads_gradients_in_step(engine):
-    """True when the engine's optimizer step reads gradient values on the host before updating."""
-    return engine.zero_optimization_stage() > 0 or engine.bfloat16_enabled() or engine.fp16_enabled()
+_in_engine_call = 0  # depth of engine.backward()/step() calls on this process's XLA device
+_library = None
 
 
-def _always(engine):
-    return True
+def _read_scalar(tensor):
+    # torch_xla's own kernel is this transfer: only the cut before it is added.
+    if _in_engine_call:
+        runtime.sync(wait=False)
+    return tensor.cpu().item()
+
+
+def _reads_cut_the_graph(method):
+
+    @functools.wraps(method)
+    def wrapper(engine, *args, **kwargs):
+        global _in_engine_call
+        on_xla = engine.device.type == "xla"
+        _in_engine_call += on_xla
+        try:
+            return method(engine, *args, **kwargs)
+        finally:
+            _in_engine_call -= on_xla
+
+    return wrapper
 
 
 def _ending_in_a_sync(when):
@@ -48,7 +71,28 @@ def _ending_in_a_sync(when):
     return wrap
 
 
+def _zero3(engine):
+    return engine.zero_optimization_stage() == 3
+
+
+def _always(engine):
+    return True
+
+
+def _register_read_kernel():
+    global _library
+    if _library is not None:
+        return
+    _library = torch.library.Library("aten", "IMPL")
+    with warnings.catch_warnings():
+        # PyTorch warns when a kernel for an existing (op, key) pair is replaced: that is the point.
+        warnings.simplefilter("ignore")
+        _library.impl("_local_scalar_dense", _read_scalar, "XLA")
+
+
 def install(engine_module):
-    """End DeepSpeedEngine.step, and .backward where the step reads gradients, with a sync (idempotent)."""
-    for name, when in (("backward", reads_gradients_in_step), ("step", _always)):
-        wrap_once(engine_module.DeepSpeedEngine, name, _ending_in_a_sync(when))
+    """Cut DeepSpeedEngine's graphs before host reads in backward/step and after step (idempotent)."""
+    _register_read_kernel()
+    engine = engine_module.DeepSpeedEngine
+    for name, when in (("backward", _zero3), ("step", _always)):
+        wrap_once(engine, name, lambda method, when=when: _reads_cut_the_graph(_ending_in_a_sync(when)(method)))

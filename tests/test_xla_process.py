@@ -7,7 +7,7 @@ import textwrap
 
 import pytest
 
-from deepspeed_xla.bucket_sizes import bounded
+from deepspeed_xla.zero_buffers import bounded
 from test_activation import last_json, run_python
 
 
