@@ -35,13 +35,18 @@ def hlo(tensors):
     return torch_xla._XLAC._get_xla_tensors_hlo(list(tensors))
 
 
-def compilations():
-    """How many XLA graphs this process has compiled so far."""
-    data = metrics.metric_data("CompileTime")
-    return data[0] if data else 0
-
-
 def reset_collective_chain(device):
     """Start a new chain of traced collectives on `device`: torch_xla orders collectives through a
     per-device token, and traces of worlds larger than this one must not reach a later execution."""
     torch_xla._XLAC._set_all_reduce_token(str(device), None)
+
+
+def _metric_count(name):
+    data = metrics.metric_data(name)
+    return data[0] if data else 0
+
+
+def graph_counters():
+    """Cumulative counts in this process: XLA graphs compiled, graph executions, device-to-host transfers."""
+    return {"compilations": _metric_count("CompileTime"), "executions": _metric_count("ExecuteTime"),
+            "transfers": _metric_count("TransferFromDeviceTime")}
