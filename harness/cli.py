@@ -167,10 +167,10 @@ def _run_isolating_crashes(command, targets, pytest_args, env, parts):
             return 0, False
 
 
-def _relevant(expected, modules):
-    """Expectations for modules this suite runs (others cannot match, and are not 'unmatched')."""
+def _relevant(expected, modules, suite):
+    """Expectations for checks this suite runs (others cannot match, and are not 'unmatched')."""
     names = [module.relative_to(REPO).as_posix() for module in modules]
-    return [e for e in expected if any(e.concerns(name) for name in names)]
+    return [e for e in expected if any(e.concerns(name) for name in names) and suites.may_select(suite, e.id)]
 
 
 def repeat_dir(out, attempt):
@@ -231,7 +231,8 @@ def run(args):
         env.setdefault("DS_XLA_MATMUL_PRECISION", "highest")
     env[OUT_ENV] = str(out)
     command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
-               "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference, "-q", "-rfEX",
+               "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference,
+               "--harness-suite", args.suite, "-q", "-rfEX",
                *(["-n", str(args.workers), "--dist", "loadfile"] if args.workers else [])]
     pytest_args = [a for a in args.pytest_args if a != "--"]
     print(f"harness: suite {args.suite} on {args.backend}, candidate {spec.text}: {len(modules)} modules -> {out}",
@@ -249,7 +250,7 @@ def run(args):
     fingerprint = environment.fingerprint(args.backend, spec.text, device_kind, device_count, env)
     if args.backend == "tpu":
         fingerprint.update(environment.tpu_slice())
-    report = finish(out=out, run_id=run_id, suite=args.suite, expected=_relevant(expected, modules),
+    report = finish(out=out, run_id=run_id, suite=args.suite, expected=_relevant(expected, modules, args.suite),
                     env_fingerprint=fingerprint, child_rcs=child_rcs, interrupted=interrupted)
     latest = run_dir.point_latest(out)
     for result in report["results"]:

@@ -9,10 +9,11 @@ A failure matching an entry becomes xfailed; a matched test that passes is xpass
 entry matching no test is reported as unmatched. Both are reported, neither fails the run.
 """
 
-import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+
+from .suites import id_matches
 
 EXPECTATIONS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "expectations"
 
@@ -28,16 +29,11 @@ class Expectation:
     link: str
 
     def matches(self, test_id):
-        return _wildcard(self.id).match(test_id) is not None
+        return id_matches(self.id, test_id)
 
     def concerns(self, module):
         """True when the entry names tests of `module` (a repository-relative path)."""
-        return _wildcard(self.id.split("::", 1)[0]).match(module) is not None
-
-
-def _wildcard(pattern):
-    # Only `*` is special: test ids contain [brackets] that fnmatch would read as character sets.
-    return re.compile(".*".join(map(re.escape, pattern.split("*"))) + r"\Z")
+        return id_matches(self.id.split("::", 1)[0], module)
 
 
 def default_path(candidate_name, backend):

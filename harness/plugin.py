@@ -15,7 +15,7 @@ import pytest
 
 from . import candidates, checklist, environment, references
 from .outcomes import TIMEOUT_MARK, result_record
-from .suites import AREAS, area_of_module
+from .suites import AREAS, SUITES, area_of_module, selects
 
 OUT_ENV = "HARNESS_OUT"
 RESULTS_FILE = "results.jsonl"
@@ -30,6 +30,8 @@ def pytest_addoption(parser):
     group.addoption("--reference", dest="harness_reference", default="live", choices=references.MODES,
                     help="CPU reference curves: trained live in this run (default), or the stored ones "
                          "(fixtures/references/) where fresh for this stack")
+    group.addoption("--harness-suite", default="all", choices=sorted(SUITES),
+                    help="the suite being run: a selective one (smoke) deselects the checks it does not name")
 
 
 def pytest_configure(config):
@@ -111,6 +113,12 @@ class HarnessSession:
             if problem:
                 self.problems[item.nodeid] = problem
             item.user_properties.append(("harness", {"area": area, "method": method}))
+        suite = config.getoption("harness_suite")
+        deselected = [item for item in items
+                      if not selects(suite, self._area(item)[0], f"{item.path.name}::{item.nodeid.split('::', 1)[1]}")]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = [item for item in items if item not in deselected]
 
     @staticmethod
     def _area(item):

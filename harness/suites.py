@@ -2,13 +2,33 @@
 
 A conformance module belongs to an area by its file name, `conformance/test_<area>_*.py`
 (or `test_<area>.py`), and declares the same area with `pytestmark = pytest.mark.area(...)`.
-Every area is a suite of its own; `all` runs every area. A new area only needs a name here.
+Every area is a suite of its own; `all` runs every area. A new area only needs a name here,
+and its entry in SMOKE.
+
+`smoke` runs every area too, but only the checks SMOKE names: for each area, test ids
+(`test_module.py::test_name[params]`; `*` matches any text) that between them exercise the
+area's machinery once, so that a run takes minutes and a broken area still shows.
 """
 
+import re
 from pathlib import Path
 
 AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts")
-SUITES = {**{area: (area, ) for area in AREAS}, "all": AREAS}
+SUITES = {**{area: (area, ) for area in AREAS}, "all": AREAS, "smoke": AREAS}
+SELECTIVE_SUITES = ("smoke", )
+
+SMOKE = {
+    "interface": ("*", ),  # in-process and quick: the whole checklist
+    "launcher": ("*[num_gpus-2]", "*__launched_ranks"),
+    "collectives": ("*[all_reduce_sum-2ranks]", "*[all_reduce_avg-2ranks]", "*[reduce_scatter_tensor-2ranks]",
+                    "*[all_gather_into_tensor-2ranks]", "*[broadcast_from_last-2ranks]"),
+    "lowering": ("*", ),  # traced, not run: seconds
+    "zero": ("*[zero2-fp32-1rank]", "*[zero3-bf16-1rank]"),
+    "pipeline": ("*[2stages-2ranks]", ),
+    "checkpoint": ("*[candidate-to-cpu-zero2]", ),
+    "graph": ("*", ),  # one small model per config, in process
+    "scripts": ("*[parameter-list-zero2-1rank]", "*[client-optimizer-zero1-1rank]"),
+}
 
 CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
 
@@ -32,3 +52,25 @@ def modules_for(suite, root=CONFORMANCE_DIR):
         raise UnknownSuite(f"unknown suite {suite!r}; known suites: {', '.join(sorted(SUITES))}")
     areas = SUITES[suite]
     return sorted(path for path in Path(root).glob("test_*.py") if area_of_module(path) in areas)
+
+
+def selects(suite, area, test_id):
+    """Whether `suite` runs the check `test_id` (`module.py::name[params]`) of `area`: all of its
+    areas' checks, or for a selective suite only those its table names."""
+    if suite not in SELECTIVE_SUITES:
+        return True
+    return any(id_matches(pattern, test_id) for pattern in SMOKE[area])
+
+
+def id_matches(pattern, test_id):
+    """Whether `test_id` matches `pattern`, in which only `*` is special (any text): test ids
+    contain [brackets] that fnmatch would read as character sets."""
+    return re.fullmatch(".*".join(map(re.escape, pattern.split("*"))), test_id) is not None
+
+
+def may_select(suite, test_id):
+    """Whether `suite` can run a check that `test_id` (a repository-relative id, `*` allowed) names."""
+    if suite not in SELECTIVE_SUITES or "*" in test_id:
+        return True
+    module, _, name = test_id.partition("::")
+    return selects(suite, area_of_module(module), f"{Path(module).name}::{name}")

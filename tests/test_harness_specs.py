@@ -79,6 +79,36 @@ def test_suites_select_modules_by_area(tmp_path):
         suites.modules_for("zero3", tmp_path)
 
 
+def test_test_ids_match_with_star_only():
+    assert suites.id_matches("*[zero2-fp32-1rank]", "test_zero_equivalence.py::test_x[zero2-fp32-1rank]")
+    assert not suites.id_matches("*[zero2-fp32-1rank]", "test_zero_equivalence.py::test_x[zero2-fp32-2rank]")
+    assert not suites.id_matches("*[ab]", "test_m.py::test_x[a]"), "[ab] read as a character set"
+
+
+def _conformance_ids():
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+                           "--collect-only", "-q", "conformance"], cwd=REPO, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return [line.split("/", 1)[1] for line in proc.stdout.splitlines() if line.startswith("conformance/")]
+
+
+def test_smoke_suite_runs_some_but_not_all_checks_of_every_area():
+    ids = _conformance_ids()
+    for area in suites.AREAS:
+        of_area = [i for i in ids if suites.area_of_module(i.split("::")[0]) == area]
+        chosen = [i for i in of_area if suites.selects("smoke", area, i)]
+        assert chosen, f"the smoke suite runs no check of area {area!r}: SMOKE[{area!r}] matches none of {of_area[:5]}..."
+        for pattern in suites.SMOKE[area]:
+            assert any(suites.id_matches(pattern, i) for i in of_area), f"SMOKE[{area!r}] pattern {pattern!r} matches nothing"
+    assert sum(suites.selects("smoke", suites.area_of_module(i.split("::")[0]), i) for i in ids) < len(ids)
+
+
+def test_selective_suites_drop_expectations_they_cannot_match():
+    assert suites.may_select("smoke", "conformance/test_zero_equivalence.py::test_z[zero2-fp32-1rank]")
+    assert not suites.may_select("smoke", "conformance/test_zero_equivalence.py::test_z[zero1-fp32-2rank]")
+    assert suites.may_select("zero", "conformance/test_zero_equivalence.py::test_z[zero1-fp32-2rank]")
+
+
 def test_checklist_covers_abstract_methods_and_public_hooks():
     from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
     methods = checklist.interface_methods()

@@ -1,0 +1,172 @@
+"""Collectives through deepspeed_xla's host bridge against raw gloo on host tensors, side by side.
+
+Two ranks (two processes, PJRT CPU) run each collective through `deepspeed.comm` on XLA
+tensors (the host bridge: device -> host, gloo, host -> device, then a sync so the result is
+on the device) and through a plain gloo group on CPU tensors, for sizes 1 KB to 64 MB (fp32).
+Columns and factors follow nccl-tests: size is the bytes of the larger buffer, algbw = size /
+time, busbw = algbw x the collective's factor (all_reduce 2(n-1)/n, all_gather and
+reduce_scatter (n-1)/n, broadcast 1); #wrong counts elements that differ from the exactly
+predictable result (inputs are rank-dependent small integers). Target (issue "performance"):
+bridge/gloo time <= 1.5x at 16 MB.
+
+    python -m harness bench --only collectives      (or: python benchmarks/collectives.py)
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+WORLD = 2
+SIZES = [1024 * 4**i for i in range(9)]  # 1 KB .. 64 MB
+TARGET_SIZE, TARGET_RATIO = 16 * 1024**2, 1.5
+ROW_PREFIX = "collectives-row "  # rank 0's result lines, among whatever DeepSpeed logs to stdout
+COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
+
+
+def bus_factor(collective, n):
+    return {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n,
+            "broadcast": 1.0}[collective]
+
+
+def _iterations(size):
+    return 20 if size <= 1024**2 else 5
+
+
+def _buffers(collective, count, rank, world, device):
+    """(run, check): `run()` does the collective once; `check()` counts wrong result elements."""
+    import torch
+    value = float(rank + 1)
+    if collective == "all_reduce":
+        tensor = torch.full((count, ), value, device=device)
+        expected = world * (world + 1) / 2
+
+        def fresh():
+            tensor.fill_(value)
+
+        return fresh, lambda op: op(tensor), lambda: int((tensor.cpu() != expected).sum())
+    if collective == "all_gather":
+        shard = torch.full((count // world, ), value, device=device)
+        out = torch.empty(count, device=device)
+        expected = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(count // world)
+        return lambda: None, lambda op: op(out, shard), lambda: int((out.cpu() != expected).sum())
+    if collective == "reduce_scatter":
+        full = torch.full((count, ), value, device=device)
+        out = torch.empty(count // world, device=device)
+        expected = world * (world + 1) / 2
+        return lambda: None, lambda op: op(out, full), lambda: int((out.cpu() != expected).sum())
+    tensor = torch.full((count, ), value, device=device)
+
+    def fresh():
+        tensor.fill_(value)
+
+    return fresh, lambda op: op(tensor), lambda: int((tensor.cpu() != 1.0).sum())
+
+
+def worker():
+    import deepspeed
+    import deepspeed.comm as ds_dist
+    import torch
+    import torch.distributed as dist
+
+    from deepspeed_xla import runtime
+
+    deepspeed.init_distributed()
+    rank, world = ds_dist.get_rank(), ds_dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    device = runtime.torch_device()
+    bridge_ops = {"all_reduce": ds_dist.all_reduce, "all_gather": ds_dist.all_gather_into_tensor,
+                  "reduce_scatter": ds_dist.reduce_scatter_tensor, "broadcast": lambda t: ds_dist.broadcast(t, src=0)}
+    gloo_ops = {"all_reduce": lambda t: dist.all_reduce(t, group=gloo),
+                "all_gather": lambda o, i: dist.all_gather_into_tensor(o, i, group=gloo),
+                "reduce_scatter": lambda o, i: dist.reduce_scatter_tensor(o, i, group=gloo),
+                "broadcast": lambda t: dist.broadcast(t, src=0, group=gloo)}
+    for collective in COLLECTIVES:
+        for size in SIZES:
+            count = size // 4
+            row = {"collective": collective, "size": size, "count": count}
+            for name, ops, dev, settle in (("bridge", bridge_ops, device, lambda: runtime.sync(wait=True)),
+                                           ("gloo", gloo_ops, torch.device("cpu"), lambda: None)):
+                fresh, run, check = _buffers(collective, count, rank, world, dev)
+                fresh()
+                settle()
+                run(ops[collective])
+                settle()
+                wrong = check()
+                times = []
+                for _ in range(_iterations(size)):
+                    fresh()
+                    settle()
+                    ds_dist.barrier() if name == "bridge" else dist.barrier(group=gloo)
+                    start = time.perf_counter()
+                    run(ops[collective])
+                    settle()
+                    times.append(time.perf_counter() - start)
+                row[name] = {"us": statistics.median(times) * 1e6, "wrong": wrong}
+            if rank == 0:
+                print(ROW_PREFIX + json.dumps(row), flush=True)
+    ds_dist.barrier()
+
+
+def _launch():
+    from harness import candidates
+    from harness.training import accelerator_env, free_port
+    port = free_port()
+    procs = []
+    for rank in range(WORLD):
+        env = accelerator_env(candidates.parse_spec(candidates.DEFAULT_SPEC), {
+            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
+            "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+        procs.append(subprocess.Popen([sys.executable, __file__, "--worker"], env=env, text=True,
+                                      stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
+                                      stderr=subprocess.PIPE))
+    return procs
+
+
+def _gbps(size, us):
+    return size / us / 1e3
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", action="store_true")
+    args = parser.parse_args()
+    if args.worker:
+        return worker()
+    procs = _launch()
+    print(f"{WORLD} ranks, fp32, PJRT CPU; time in us (median), algbw/busbw in GB/s")
+    print(f"{'collective':<15}{'size(B)':>10}{'count':>10} | {'bridge us':>10}{'algbw':>8}{'busbw':>8}{'#wrong':>7} | "
+          f"{'gloo us':>10}{'algbw':>8}{'busbw':>8}{'#wrong':>7} | {'bridge/gloo':>11}", flush=True)
+    missed, wrong = [], 0
+    for line in procs[0].stdout:
+        if not line.startswith(ROW_PREFIX):
+            continue
+        row = json.loads(line[len(ROW_PREFIX):])
+        cells = []
+        for name in ("bridge", "gloo"):
+            us = row[name]["us"]
+            algbw = _gbps(row["size"], us)
+            cells.append(f"{us:10.0f}{algbw:8.3f}{algbw * bus_factor(row['collective'], WORLD):8.3f}{row[name]['wrong']:7d}")
+            wrong += row[name]["wrong"]
+        ratio = row["bridge"]["us"] / row["gloo"]["us"]
+        print(f"{row['collective']:<15}{row['size']:>10}{row['count']:>10} | {cells[0]} | {cells[1]} | {ratio:10.2f}x",
+              flush=True)
+        if row["size"] == TARGET_SIZE and ratio > TARGET_RATIO:
+            missed.append(row["collective"])
+    failed = [p for p in procs if p.wait() != 0]
+    for proc in failed:
+        print(f"a rank failed: {(proc.stderr.read().strip().splitlines() or ['(no output)'])[-1][:200]}")
+    print(f"target: bridge/gloo <= {TARGET_RATIO:.1f}x at {TARGET_SIZE // 1024**2} MB; "
+          f"missed: {', '.join(missed) or 'none'}; wrong elements: {wrong}")
+    return 1 if missed or wrong or failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
