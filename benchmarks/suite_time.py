@@ -1,0 +1,72 @@
+"""Where a conformance run's time goes: wall time of a suite, seconds per area (the sum of its
+checks' durations from report.json, which with workers exceeds the wall time), the slowest
+checks, and the fixed cost every launched rank pays before its first step (a fresh Python
+process importing torch_xla and DeepSpeed, and starting the XLA runtime).
+Targets (issue "performance"): `--suite smoke` <= 3 minutes on 2 cores; `all` <= 15.
+
+    python -m harness bench --only suite_time                 (smoke, 2 workers)
+    python benchmarks/suite_time.py --suite all --workers 2
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET_S = {"smoke": 180, "all": 900}
+PROCESS_START = ("import time; t = time.perf_counter(); import torch_xla, deepspeed; from deepspeed_xla import runtime; "
+                 "i = time.perf_counter(); runtime.start(); print(i - t, time.perf_counter() - i)")
+
+
+def process_start_cost():
+    """(seconds for a fresh process to import torch_xla + DeepSpeed, seconds to start the XLA runtime)."""
+    out = subprocess.run([sys.executable, "-c", PROCESS_START], cwd=REPO, capture_output=True, text=True,
+                         env=dict(os.environ, PJRT_DEVICE="CPU"), check=True).stdout
+    imports, runtime_start = map(float, out.strip().splitlines()[-1].split())
+    return imports, runtime_start
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--suite", default="smoke")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    imports, runtime_start = process_start_cost()
+    print(f"fixed cost of one process: imports {imports:.1f} s, XLA runtime start {runtime_start:.1f} s", flush=True)
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", args.suite,
+                               "--workers", str(args.workers), "--out", out], cwd=REPO, capture_output=True, text=True)
+        wall = time.perf_counter() - start
+        report_path = Path(out) / "report.json"
+        if not report_path.is_file():
+            print(f"no report from the run (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1]}")
+            return 1
+        report = json.loads(report_path.read_text())
+    by_area, counts = defaultdict(float), defaultdict(int)
+    for result in report["results"]:
+        by_area[result["area"]] += result.get("duration_s", 0.0)
+        counts[result["area"]] += 1
+    total = sum(by_area.values()) or 1.0
+    print(f"{'area':<12}{'checks':>7}{'check s':>9}{'share':>7}")
+    for area, seconds in sorted(by_area.items(), key=lambda item: -item[1]):
+        print(f"{area:<12}{counts[area]:>7}{seconds:9.1f}{seconds / total:7.0%}")
+    print("slowest checks:")
+    for result in sorted(report["results"], key=lambda r: -r.get("duration_s", 0.0))[:5]:
+        print(f"  {result.get('duration_s', 0.0):7.1f} s  {result['id']}")
+    summary = report["summary"]
+    target = TARGET_S.get(args.suite)
+    print(f"suite {args.suite}, {args.workers} workers: wall {wall:.0f} s for {summary['total']} checks "
+          f"({summary['passed']} passed, exit {proc.returncode})"
+          + (f"; target <= {target} s: {'met' if wall <= target else 'missed'}" if target else ""))
+    return 1 if proc.returncode or (target and wall > target) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
