@@ -14,7 +14,6 @@ bridge/gloo time <= 1.5x at 16 MB.
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys

@@ -13,7 +13,6 @@ Targets (issue "performance"): ZeRO 0-2 within 1.10x of the hand loop, ZeRO-3 wi
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys

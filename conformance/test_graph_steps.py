@@ -138,7 +138,8 @@ def test_training_step_stops_compiling_after_warmup(config, train_fixture, evide
     evidence.update(config=config, compilations_after_each_step=per_step, warmup_steps=WARMUP_STEPS,
                     compilations_after_warmup=added)
     assert added == 0, (f"{config}: {added} new XLA compilations in the {MEASURED_STEPS} steps after warm-up "
-                        f"(cumulative count per step {per_step}): a per-step value is being traced into the graph (as a constant or a shape)")
+                        f"(cumulative count per step {per_step}): a per-step value is being traced into the graph "
+                        "(as a constant or a shape)")
 
 
 @pytest.mark.parametrize("config", CONFIGS)

@@ -48,6 +48,6 @@ def test_communication_backend_name(accel, xla_device, evidence):
         tensor = torch.arange(4, dtype=torch.float32, device=xla_device)
         dist.all_reduce(tensor)
         evidence["all_reduce_world_1"] = host(tensor).tolist()
-        assert host(tensor).tolist() == [0.0, 1.0, 2.0, 3.0], f"all_reduce over one rank changed the data"
+        assert host(tensor).tolist() == [0.0, 1.0, 2.0, 3.0], "all_reduce over one rank changed the data"
     finally:
         dist.destroy_process_group()

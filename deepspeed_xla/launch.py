@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from .import_hooks import PostImportHook, arm, wrap_once
 

@@ -20,7 +20,7 @@ import re
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from collections.abc import Mapping
 
 
 PCI_DEVICES = "/sys/bus/pci/devices"

@@ -35,19 +35,18 @@ def compare(old, new):
     after = {r["id"]: r for r in new["results"]}
     changes = {"regressions": [], "fixes": [], "new": [], "removed": [], "changed": []}
     for test_id, result in after.items():
-        line = lambda kind, was: changes[kind].append((test_id, was, result["status"], result.get("message", "")))  # noqa: E731
+        was = before[test_id]["status"] if test_id in before else None
         if test_id not in before:
-            line("new", None)
+            kind = "new"
+        elif was == result["status"]:
             continue
-        was = before[test_id]["status"]
-        if was == result["status"]:
-            continue
-        if result["status"] in FAILING and was not in FAILING:
-            line("regressions", was)
+        elif result["status"] in FAILING and was not in FAILING:
+            kind = "regressions"
         elif was in FAILING and result["status"] not in FAILING:
-            line("fixes", was)
+            kind = "fixes"
         else:
-            line("changed", was)
+            kind = "changed"
+        changes[kind].append((test_id, was, result["status"], result.get("message", "")))
     changes["removed"] = [(test_id, r["status"], None, "") for test_id, r in before.items() if test_id not in after]
     return changes
 
