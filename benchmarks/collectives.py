@@ -15,7 +15,6 @@ bridge/gloo time <= 1.5x at 16 MB.
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -23,10 +22,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from _ranks import RESULT_PREFIX, failures, launch, results  # noqa: E402
+
 WORLD = 2
 SIZES = [1024 * 4**i for i in range(9)]  # 1 KB .. 64 MB
 TARGET_SIZE, TARGET_RATIO = 16 * 1024**2, 1.5
-ROW_PREFIX = "collectives-row "  # rank 0's result lines, among whatever DeepSpeed logs to stdout
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast")
 
 
@@ -110,23 +110,8 @@ def worker():
                     times.append(time.perf_counter() - start)
                 row[name] = {"us": statistics.median(times) * 1e6, "wrong": wrong}
             if rank == 0:
-                print(ROW_PREFIX + json.dumps(row), flush=True)
+                print(RESULT_PREFIX + json.dumps(row), flush=True)
     ds_dist.barrier()
-
-
-def _launch():
-    from harness import candidates
-    from harness.training import accelerator_env, free_port
-    port = free_port()
-    procs = []
-    for rank in range(WORLD):
-        env = accelerator_env(candidates.parse_spec(candidates.DEFAULT_SPEC), {
-            "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(WORLD),
-            "LOCAL_WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        procs.append(subprocess.Popen([sys.executable, __file__, "--worker"], env=env, text=True,
-                                      stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE))
-    return procs
 
 
 def _gbps(size, us):
@@ -139,15 +124,13 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker()
-    procs = _launch()
+    procs = launch(__file__, [], WORLD)
     print(f"{WORLD} ranks, fp32, PJRT CPU; time in us (median), algbw/busbw in GB/s")
     print(f"{'collective':<15}{'size(B)':>10}{'count':>10} | {'bridge us':>10}{'algbw':>8}{'busbw':>8}{'#wrong':>7} | "
           f"{'gloo us':>10}{'algbw':>8}{'busbw':>8}{'#wrong':>7} | {'bridge/gloo':>11}", flush=True)
     missed, wrong = [], 0
-    for line in procs[0].stdout:
-        if not line.startswith(ROW_PREFIX):
-            continue
-        row = json.loads(line[len(ROW_PREFIX):])
+    for line in results(procs):
+        row = json.loads(line)
         cells = []
         for name in ("bridge", "gloo"):
             us = row[name]["us"]
@@ -159,9 +142,9 @@ def main():
               flush=True)
         if row["size"] == TARGET_SIZE and ratio > TARGET_RATIO:
             missed.append(row["collective"])
-    failed = [p for p in procs if p.wait() != 0]
-    for proc in failed:
-        print(f"a rank failed: {(proc.stderr.read().strip().splitlines() or ['(no output)'])[-1][:200]}")
+    failed = failures(procs)
+    for line in failed:
+        print(line)
     print(f"target: bridge/gloo <= {TARGET_RATIO:.1f}x at {TARGET_SIZE // 1024**2} MB; "
           f"missed: {', '.join(missed) or 'none'}; wrong elements: {wrong}")
     return 1 if missed or wrong or failed else 0
