@@ -12,6 +12,7 @@ that does owns the chips); this process turns what the child streamed into the r
 """
 
 import argparse
+import json
 import os
 import signal
 import subprocess
@@ -69,6 +70,9 @@ def _parser():
     diff.add_argument("new", help="the later run's report.json (e.g. this pull request's)")
     bench = commands.add_parser("bench", help="run the benchmarks in benchmarks/ (ratios measured side by side)")
     bench.add_argument("--only", choices=benchmark_names(), help="only this benchmark (default: all)")
+    bench.add_argument("--report", metavar="RUN_DIR",
+                       help="a run directory (e.g. reports/latest): its report.json and report.md get a "
+                            "Performance section with these tables")
     return parser
 
 
@@ -80,12 +84,28 @@ def benchmark_names():
 
 
 def run_benchmarks(args):
-    """Each benchmark runs in a process of its own and prints its table; exit 1 if one misses its target."""
-    status = 0
+    """Each benchmark runs in a process of its own and prints its table; exit 1 if one misses its target.
+    With --report, the tables also go into that run's report (report.json "performance", report.md)."""
+    report_path = Path(args.report) / "report.json" if args.report else None
+    if report_path is not None and not report_path.is_file():
+        raise UsageError(f"--report {args.report}: no report.json there (give a run directory, e.g. reports/latest)")
+    tables = []
     for name in [args.only] if args.only else benchmark_names():
         print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
-        status = max(status, subprocess.run([sys.executable, str(BENCHMARKS / f"{name}.py")], cwd=REPO).returncode)
-    return 1 if status else 0
+        proc = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py")], cwd=REPO, text=True,
+                                stdout=subprocess.PIPE)
+        output = []
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            output.append(line)
+        tables.append({"benchmark": name, "exit": proc.wait(), "output": "".join(output)})
+    if report_path is not None:
+        report = json.loads(report_path.read_text())
+        report["performance"] = tables
+        report_json.write(report, report_path)
+        report_md.write(report, report_path.parent / "report.md")
+        print(f"harness: performance tables added to {report_path.parent}/report.md", flush=True)
+    return 1 if any(table["exit"] for table in tables) else 0
 
 
 def _plan(args):

@@ -133,6 +133,21 @@ def _upstream_section(report):
     return lines
 
 
+def _performance_section(report):
+    """The benchmark tables `harness bench --report` added: each as printed, and whether it met its targets."""
+    tables = report.get("performance")
+    if not tables:
+        return []
+    lines = ["", "### Performance", "",
+             "Ratios measured side by side in one run (`python -m harness bench`; benchmarks/README.md says what "
+             "each measures and its targets)."]
+    for table in tables:
+        outcome = "targets met" if table["exit"] == 0 else f"missed a target or failed (exit {table['exit']})"
+        body = _cut(table["output"].rstrip(), 8000, keep_end=True)
+        lines += ["", f"`{table['benchmark']}`: {outcome}", "", "```", body, "```"]
+    return lines
+
+
 def render(report, level=LEVELS[0]):
     summary, env = report["summary"], report["environment"]
     verdict = "PASS" if report["complete"] and not any(summary[s] for s in FAILING) else "FAIL"
@@ -159,6 +174,7 @@ def render(report, level=LEVELS[0]):
         lines += ["", f"No check ran in: {', '.join(f'`{area}`' for area in unrun)}."]
     lines += _reference_sources(report["results"])
     lines += _upstream_section(report)
+    lines += _performance_section(report)
     coverage = report["coverage"]["interface"]
     if "upstream" in report:
         lines.append("")

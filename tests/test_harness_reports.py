@@ -377,3 +377,21 @@ def test_an_unfinished_session_with_a_check_left_is_incomplete(tmp_path):
     write_parts(tmp_path, [{"event": "collected", "ids": ids}, {"event": "start", "id": ids[0]},
                            result(ids[0], "passed", "synchronize")], finished=False)
     assert finish(tmp_path, child_rc=-9)["complete"] is False
+
+
+def test_bench_adds_its_tables_to_a_runs_report(tmp_path, monkeypatch):
+    run_dir, benchmarks = tmp_path / "run", tmp_path / "benchmarks"
+    benchmarks.mkdir()
+    (benchmarks / "ratio_table.py").write_text(
+        "print('zero  ratio')\nprint('1     3.20x')\nprint('missed: zero1')\nraise SystemExit(1)\n")
+    write_parts(run_dir, [result(f"{DEVICE}::t", "passed", "synchronize")])
+    finish(run_dir, child_rc=0)
+    monkeypatch.setattr(cli, "BENCHMARKS", benchmarks)
+    assert cli.main(["bench", "--only", "ratio_table", "--report", str(run_dir)]) == 1
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["performance"] == [{"benchmark": "ratio_table", "exit": 1,
+                                      "output": "zero  ratio\n1     3.20x\nmissed: zero1\n"}]
+    md = (run_dir / "report.md").read_text()
+    assert "### Performance" in md and "`ratio_table`: missed a target or failed (exit 1)" in md
+    assert "1     3.20x" in md
+    assert cli.main(["bench", "--only", "ratio_table", "--report", str(tmp_path / "nowhere")]) == 2
