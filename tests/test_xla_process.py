@@ -1,7 +1,7 @@
 """What a DS_ACCELERATOR=xla process gets beyond the accelerator's methods, each in a fresh
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
-backward pass before training does not break XLA's autograd, and ZeRO's bucket sizes stay
-within the model."""
+backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
+within the model, and ZeRO-1/2 flatten their gradients instead of copying them into a bucket."""
 
 import textwrap
 
@@ -66,6 +66,24 @@ def test_zero_bucket_sizes_are_bounded_by_the_model():
     """)
     result = last_json(run_python(code, "xla"))
     assert result == {"reduce": 56, "allgather": 56, "reduce_kept": 56}, result
+
+
+def test_zero_1_and_2_flatten_gradients_instead_of_copying_them_into_a_contiguous_bucket():
+    # ZeRO-3 keeps the option as configured: it buckets its gradients its own way.
+    code = textwrap.dedent("""
+        import json, os, torch, deepspeed
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29619")
+        seen = {}
+        for stage in (1, 2, 3):
+            model = torch.nn.Linear(10, 5)
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+                "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
+                "zero_optimization": {"stage": stage, "contiguous_gradients": True}})
+            seen[stage] = [engine.zero_contiguous_gradients(), engine.optimizer.contiguous_gradients]
+        print(json.dumps(seen))
+    """)
+    result = last_json(run_python(code, "xla"))
+    assert result == {"1": [False, False], "2": [False, False], "3": [True, True]}, result
 
 
 @pytest.mark.parametrize("configured, numel, expected", [(500_000_000, 55, 56), (500_000_000, 2_000, 2_000),
