@@ -10,9 +10,13 @@ the chips, and the parent must leave them to the workers.
 import os
 import time
 
+import functools
+
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
+import torch_xla.utils.dlpack as xla_dlpack
+from torch.utils.dlpack import from_dlpack as torch_from_dlpack
 
 
 # PJRT CPU: how many emulated devices (one per rank) a single host offers when no
@@ -81,6 +85,32 @@ def sync(wait=True):
     torch_xla.sync(wait=wait, reset_scope=False)
     if wait:
         xm.wait_device_ops()
+
+
+@functools.cache
+def _buffers_are_host_memory(device):
+    return xm.xla_device_hw(device) == "CPU"
+
+
+def to_host(tensor):
+    """A contiguous CPU tensor with the value of XLA `tensor` (any shape, dtype, view), computing
+    only what it needs, as `tensor.cpu()` does. On PJRT CPU, whose device buffers are host memory,
+    the value is copied once out of the materialised buffer (DLPack), where a transfer through
+    XLA's literal path copies it twice (16 MB: about 7 against 20 ms)."""
+    if not _buffers_are_host_memory(tensor.device):
+        return tensor.cpu().contiguous()
+    torch_xla._XLAC._xla_sync_multi([tensor], [], True)
+    xm.wait_device_ops()  # the buffer may still be written by an earlier asynchronous execution
+    return torch_from_dlpack(xla_dlpack.to_dlpack(tensor)).clone(memory_format=torch.contiguous_format)
+
+
+def to_device(host, device):
+    """An XLA tensor on `device` with the value of CPU tensor `host`, as `host.to(device)`. On PJRT CPU
+    the device buffer adopts a private copy of `host` (DLPack) instead of a transfer through XLA's
+    literal path; `host` stays the caller's to change."""
+    if not _buffers_are_host_memory(device):
+        return host.to(device)
+    return xla_dlpack.from_dlpack(host.clone(memory_format=torch.contiguous_format))
 
 
 def pending_ir(tensor):

@@ -188,6 +188,28 @@ def test_full_reduction_propagates_nan_and_inf(accel):
         assert not finite, f"an element {bad} was missed by amax/amin on XLA"
 
 
+@pytest.mark.parametrize("view", ["whole", "narrow", "column", "transposed", "pending", "scalar"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64], ids=["fp32", "bf16", "int64"])
+def test_host_copies_of_xla_tensors_hold_their_values(view, dtype):
+    # The host bridge moves every collective operand this way.
+    base = torch.arange(24).reshape(4, 6).to(dtype)
+    pick = {"whole": lambda t: t, "narrow": lambda t: t.view(-1).narrow(0, 5, 7), "column": lambda t: t[:, 2],
+            "transposed": lambda t: t.t(), "pending": lambda t: t * 2 + 1, "scalar": lambda t: t.sum()}[view]
+    host = runtime.to_host(pick(base.to(XLA)))
+    assert host.device.type == "cpu" and host.is_contiguous()
+    assert torch.equal(host, pick(base)), f"{view} {dtype}: {host} != {pick(base)}"
+
+
+def test_device_copies_do_not_alias_the_host_tensor():
+    host = torch.arange(6, dtype=torch.float32)
+    device = runtime.to_device(host, XLA)
+    host.fill_(-1)
+    assert device.device.type == "xla" and device.cpu().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    target = torch.zeros(4, 6).to(XLA)
+    target[:, 2].copy_(runtime.to_device(torch.tensor([1.0, 2.0, 3.0, 4.0]), XLA))
+    assert target.cpu()[:, 2].tolist() == [1.0, 2.0, 3.0, 4.0] and target.cpu().sum().item() == 10.0
+
+
 @pytest.mark.parametrize("eps_mode", [0, 1])
 def test_lamb_matches_deepspeed_kernel_arithmetic(eps_mode):
     # The CUDA kernel's arithmetic, written out in fp64 on the host.

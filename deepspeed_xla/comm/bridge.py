@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 
+from .. import runtime
 from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments, describe
 
 
@@ -47,7 +48,7 @@ def _host(tensor):
     if tensor.device.type == "cpu":
         return tensor if tensor.is_contiguous() else tensor.contiguous()
     with torch.no_grad():
-        return tensor.cpu().contiguous()
+        return runtime.to_host(tensor)
 
 
 def _host_empty(tensor):
@@ -58,7 +59,7 @@ def _write_back(target, host):
     if host is target:
         return
     with torch.no_grad():
-        target.copy_(host.to(target.device))
+        target.copy_(host if host.device == target.device else runtime.to_device(host, target.device))
 
 
 def _reduce_op_name(op):
