@@ -71,11 +71,6 @@ def torch_device(ordinal=None):
     return torch.device("xla", ordinal)
 
 
-def device_hardware(device=None):
-    """Hardware behind an XLA device: 'TPU', 'CPU', 'GPU' (initialises the runtime)."""
-    return xm.xla_device_hw(device if device is not None else torch_xla.device())
-
-
 def sync(wait=True):
     """Cut and execute the pending lazy graph; with wait, block until the device is idle.
 
@@ -111,11 +106,6 @@ def to_device(host, device):
     if not _buffers_are_host_memory(device):
         return host.to(device)
     return xla_dlpack.from_dlpack(host.clone(memory_format=torch.contiguous_format))
-
-
-def pending_ir(tensor):
-    """The IR text behind an XLA tensor: only `device_data` once it is materialised."""
-    return torch_xla._XLAC._get_xla_tensors_text([tensor])
 
 
 def get_rng_seed(device):
@@ -187,11 +177,6 @@ def trace_range(name):
     """A named profiler range (shows in XLA profiles; costs nothing when not tracing)."""
     import torch_xla.debug.profiler as xp
     return xp.Trace(name)
-
-
-def metrics_report():
-    import torch_xla.debug.metrics as met
-    return met.short_metrics_report()
 
 
 def now():
