@@ -54,7 +54,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         runtime.apply_matmul_precision()
         self._name = "xla"
         self._communication_backend_name = BACKEND_NAME
-        self._compile_backend = "openxla"
+        self._compile_backend = xla_limits.DEFAULT_COMPILE_BACKEND
         self._current_ordinal = 0
         self._generators = {}
         self._peak_bytes = 0  # highest usage observed since start or the last reset

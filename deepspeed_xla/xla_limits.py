@@ -12,7 +12,8 @@ sparse embedding's backward: `NotImplementedError ... 'SparseXLA' backend`).
 
 import torch
 
-COMPILE_BACKENDS = ("openxla", "openxla_eval", "eager", "aot_eager")
+DEFAULT_COMPILE_BACKEND = "openxla"  # torch.compile's backend that hands the graph to XLA
+COMPILE_BACKENDS = (DEFAULT_COMPILE_BACKEND, "openxla_eval", "eager", "aot_eager")
 
 
 class UnsupportedOnXla(ValueError):
@@ -43,4 +44,5 @@ def check_compile_backend(backend):
     """Raise UnsupportedOnXla unless `backend` compiles graphs of XLA tensors."""
     if backend not in COMPILE_BACKENDS:
         raise UnsupportedOnXla(f"deepspeed_xla: torch.compile backend {backend!r} does not compile XLA tensors; "
-                               f"use 'openxla' (the default on XLA) or one of {', '.join(COMPILE_BACKENDS[1:])}")
+                               f"use '{DEFAULT_COMPILE_BACKEND}' (the default on XLA) or one of "
+                               f"{', '.join(COMPILE_BACKENDS[1:])}")
