@@ -3,12 +3,16 @@ way DeepSpeed's launcher sets them up: RANK, LOCAL_RANK, WORLD_SIZE and a rendez
 
 import subprocess
 import sys
+import tempfile
+import threading
 
 RESULT_PREFIX = "bench-result "  # rank 0's result lines, among whatever DeepSpeed logs to stdout
+TIMEOUT_S = 1800  # a world still running after this is stopped (a rank that died leaves the others waiting)
 
 
 def launch(script, args, world):
-    """Popen objects for ranks 0..world-1 of `script --worker ARGS`; rank 0's stdout is a text pipe."""
+    """Popen objects for ranks 0..world-1 of `script --worker ARGS`; rank 0's stdout is a text pipe,
+    each rank's stderr a temporary file. All are killed after TIMEOUT_S."""
     from harness import candidates
     from harness.training import accelerator_env, free_port
     port = free_port()
@@ -19,7 +23,10 @@ def launch(script, args, world):
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         procs.append(subprocess.Popen([sys.executable, str(script), "--worker", *args], env=env, text=True,
                                       stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                      stderr=subprocess.PIPE))
+                                      stderr=tempfile.TemporaryFile(mode="w+")))
+    watchdog = threading.Timer(TIMEOUT_S, lambda: [proc.kill() for proc in procs])
+    watchdog.daemon = True
+    watchdog.start()
     return procs
 
 
@@ -35,5 +42,7 @@ def failures(procs):
     lines = []
     for rank, proc in enumerate(procs):
         if proc.wait() != 0:
-            lines.append(f"rank {rank} failed: {(proc.stderr.read().strip().splitlines() or ['(no output)'])[-1][:160]}")
+            proc.stderr.seek(0)
+            last = (proc.stderr.read().strip().splitlines() or ["(no output)"])[-1][:160]
+            lines.append(f"rank {rank} failed (exit {proc.returncode}): {last}")
     return lines

@@ -66,9 +66,14 @@ def _measure(step):
 
 
 def _all_reduce_mean(grads, world):
-    """DDP's data-parallel gradient exchange, in one bucket: flatten, all-reduce, average, copy back."""
+    """DDP's data-parallel gradient exchange, in one bucket: flatten, all-reduce, average, copy back.
+    The graph is cut first, as a PyTorch/XLA user does before values leave the device: the host
+    transport would otherwise compute the bucket in a graph of its own, and the step the gradients
+    again."""
     import deepspeed.comm as dist
     import torch
+    import torch_xla
+    torch_xla.sync()
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat.div_(world)

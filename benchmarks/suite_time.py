@@ -41,10 +41,12 @@ def main():
     print(f"fixed cost of one process: imports {imports:.1f} s, XLA runtime start {runtime_start:.1f} s", flush=True)
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
+        # The run's reports/latest link stays in the temporary directory (it would dangle in the repository's).
         proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", args.suite,
-                               "--workers", str(args.workers), "--out", out], cwd=REPO, capture_output=True, text=True)
+                               "--workers", str(args.workers), "--out", f"{out}/run"], cwd=REPO, capture_output=True,
+                              text=True, env=dict(os.environ, HARNESS_REPORTS_DIR=out))
         wall = time.perf_counter() - start
-        report_path = Path(out) / "report.json"
+        report_path = Path(out) / "run" / "report.json"
         if not report_path.is_file():
             print(f"no report from the run (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1]}")
             return 1

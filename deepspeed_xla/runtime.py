@@ -96,15 +96,18 @@ def to_host(tensor):
         return tensor.cpu().contiguous()
     torch_xla._XLAC._xla_sync_multi([tensor], [], True)
     xm.wait_device_ops()  # the buffer may still be written by an earlier asynchronous execution
-    return torch_from_dlpack(xla_dlpack.to_dlpack(tensor)).clone(memory_format=torch.contiguous_format)
+    view = torch_from_dlpack(xla_dlpack.to_dlpack(tensor))
+    if view.dtype != tensor.dtype:  # XLA_USE_BF16 and the like store another type than the tensor's
+        return tensor.cpu().contiguous()
+    return view.clone(memory_format=torch.contiguous_format)
 
 
 def to_device(host, device):
     """An XLA tensor on `device` with the value of CPU tensor `host`, as `host.to(device)`. On PJRT CPU
     the device buffer adopts a private copy of `host` (DLPack) instead of a transfer through XLA's
     literal path; `host` stays the caller's to change."""
-    if not _buffers_are_host_memory(device):
-        return host.to(device)
+    if not _buffers_are_host_memory(device) or torch.device(device) != torch_xla.device():
+        return host.to(device)  # DLPack lands on the process's default device
     return xla_dlpack.from_dlpack(host.clone(memory_format=torch.contiguous_format))
 
 

@@ -8,9 +8,12 @@ after it, run the shared part again. Under ZeRO-1/2 the first of the step's two 
 ran the whole backward pass, the second the norm again, and the sync at the step's end all of
 it once more. CUDA runs each op once, as it is issued; the XLA equivalent is to cut the graph
 where the engine needs a value, as PyTorch/XLA's own loops mark a step before reading one:
-  - inside `engine.backward()` and `engine.step()`, a host read of an XLA scalar (`.item()`,
-    `bool()`, `float()`: `aten::_local_scalar_dense`) first cuts the pending graph, so the value
-    comes from the graph that computed everything traced so far, and nothing is computed twice;
+  - inside `engine.backward()` and `engine.step()` (and `_take_model_step`, the optimizer step
+    that PipelineEngine.train_batch takes), a host read of an XLA scalar (`.item()`, `bool()`,
+    `float()`: `aten::_local_scalar_dense`) on the engine's thread or in its backward pass (autograd
+    runs XLA hooks on worker threads) first cuts the pending graph, so the value comes from the
+    graph that computed everything traced so far, and nothing is computed twice; reads on other
+    threads (an asynchronous logging closure) are left alone;
   - `engine.step()` ends with a sync (the engine cuts there only from its third step, and only
     through its throughput timer);
   - under ZeRO-3, `engine.backward()` also ends with a sync: its step gathers and re-partitions
@@ -22,6 +25,7 @@ Reads outside the engine's calls (a script's own `loss.item()`) keep PyTorch/XLA
 """
 
 import functools
+import threading
 import warnings
 
 import torch
@@ -30,12 +34,13 @@ from . import runtime
 from .import_hooks import wrap_once
 
 _in_engine_call = 0  # depth of engine.backward()/step() calls on this process's XLA device
+_engine_thread = None  # the thread that made the outermost of those calls
 _library = None
 
 
 def _read_scalar(tensor):
     # torch_xla's own kernel is this transfer: only the cut before it is added.
-    if _in_engine_call:
+    if _in_engine_call and (threading.get_ident() == _engine_thread or torch._C._current_graph_task_id() != -1):
         runtime.sync(wait=False)
     return tensor.cpu().item()
 
@@ -44,8 +49,10 @@ def _reads_cut_the_graph(method):
 
     @functools.wraps(method)
     def wrapper(engine, *args, **kwargs):
-        global _in_engine_call
+        global _in_engine_call, _engine_thread
         on_xla = engine.device.type == "xla"
+        if on_xla and not _in_engine_call:
+            _engine_thread = threading.get_ident()
         _in_engine_call += on_xla
         try:
             return method(engine, *args, **kwargs)
@@ -96,3 +103,4 @@ def install(engine_module):
     engine = engine_module.DeepSpeedEngine
     for name, when in (("backward", _zero3), ("step", _always)):
         wrap_once(engine, name, lambda method, when=when: _reads_cut_the_graph(_ending_in_a_sync(when)(method)))
+    wrap_once(engine, "_take_model_step", _reads_cut_the_graph)

@@ -22,14 +22,17 @@ Contiguous gradients. With `contiguous_gradients` (DeepSpeed's default) ZeRO-1/2
 gradient into a preallocated flat bucket and hand it back as a view, "to prevent memory
 fragmentation" of CUDA's caching allocator. XLA has no such allocator: the bucket is a value
 that each copy replaces, the gradient views read earlier versions of it, and XLA copies the
-whole bucket per gradient to keep those versions apart. The backward pass of a 4.2M-parameter
-MLP took 355 ms under ZeRO-1 and 708 ms under ZeRO-2 that way, against 42 and 33 ms when the
-gradients are flattened into the bucket in one concatenation, DeepSpeed's path without the
-option. The same gradients are reduced in the same buckets in the same order, so the values
-do not change. On XLA `zero_contiguous_gradients` reports False for ZeRO-1/2 (ZeRO-3 buckets its
-gradients its own way, and measured no faster without it), except with MoE layers, where
-ZeRO-2 requires the option (and ZeRO-1 has only been tested with it); CPU offload turns it back
-on inside DeepSpeed, where the buffer is host memory.
+whole bucket per gradient to keep those versions apart, a cost that grows with the bucket
+times the gradients in it. The backward pass of a 4.2M-parameter MLP took 355 ms under ZeRO-1
+and 708 ms under ZeRO-2 that way (PJRT CPU), against 42 and 33 ms without the option.
+Without it DeepSpeed flattens each bucket's gradients in one concatenation and all-reduces
+the bucket (`buffered_reduce_fallback`) instead of reducing each partition to its owner
+(`average_tensor`): the same gradients summed and averaged by the world size, with more data
+on the wire across ranks, and `gradient_predivide_factor`/`postscale_gradients` not applied
+(with their defaults the result is the same). On XLA `zero_contiguous_gradients` reports False
+for ZeRO-1/2 (ZeRO-3 buckets its gradients its own way, and measured no faster without it),
+except with MoE layers, where ZeRO-2 requires the option (and ZeRO-1 has only been tested with
+it); CPU offload turns it back on inside DeepSpeed, where the buffer is host memory.
 """
 
 import functools

@@ -101,7 +101,8 @@ def run_benchmarks(args):
         tables.append({"benchmark": name, "exit": proc.wait(), "output": "".join(output)})
     if report_path is not None:
         report = json.loads(report_path.read_text())
-        report["performance"] = tables
+        ran = {table["benchmark"] for table in tables}
+        report["performance"] = [t for t in report.get("performance", []) if t["benchmark"] not in ran] + tables
         report_json.write(report, report_path)
         report_md.write(report, report_path.parent / "report.md")
         print(f"harness: performance tables added to {report_path.parent}/report.md", flush=True)

@@ -59,7 +59,7 @@ def selects(suite, area, test_id):
     areas' checks, or for a selective suite only those its table names."""
     if suite not in SELECTIVE_SUITES:
         return True
-    return any(id_matches(pattern, test_id) for pattern in SMOKE[area])
+    return any(id_matches(pattern, test_id) for pattern in SMOKE.get(area, ()))
 
 
 def id_matches(pattern, test_id):

@@ -208,6 +208,14 @@ def test_device_copies_do_not_alias_the_host_tensor():
     target = torch.zeros(4, 6).to(XLA)
     target[:, 2].copy_(runtime.to_device(torch.tensor([1.0, 2.0, 3.0, 4.0]), XLA))
     assert target.cpu()[:, 2].tolist() == [1.0, 2.0, 3.0, 4.0] and target.cpu().sum().item() == 10.0
+    # A tensor that took over an adopted buffer and is then updated in place over several steps
+    # (where XLA may donate its buffer to the step's output) keeps the right values.
+    weights = torch.zeros(6).to(XLA)
+    weights.copy_(runtime.to_device(torch.ones(6), XLA))
+    for _ in range(3):
+        weights.mul_(2)
+        runtime.sync()
+    assert weights.cpu().tolist() == [8.0] * 6
 
 
 @pytest.mark.parametrize("eps_mode", [0, 1])
