@@ -26,16 +26,14 @@ Reads outside the engine's calls (a script's own `loss.item()`) keep PyTorch/XLA
 
 import functools
 import threading
-import warnings
 
 import torch
 
-from . import runtime
+from . import runtime, xla_op_fixes
 from .import_hooks import wrap_once
 
 _in_engine_call = 0  # depth of engine.backward()/step() calls on this process's XLA device
 _engine_thread = None  # the thread that made the outermost of those calls
-_library = None
 
 
 def _read_scalar(tensor):
@@ -86,20 +84,9 @@ def _always(engine):
     return True
 
 
-def _register_read_kernel():
-    global _library
-    if _library is not None:
-        return
-    _library = torch.library.Library("aten", "IMPL")
-    with warnings.catch_warnings():
-        # PyTorch warns when a kernel for an existing (op, key) pair is replaced: that is the point.
-        warnings.simplefilter("ignore")
-        _library.impl("_local_scalar_dense", _read_scalar, "XLA")
-
-
 def install(engine_module):
     """Cut DeepSpeedEngine's graphs before host reads in backward/step and after step (idempotent)."""
-    _register_read_kernel()
+    xla_op_fixes.replace_xla_kernels({"_local_scalar_dense": _read_scalar})
     engine = engine_module.DeepSpeedEngine
     for name, when in (("backward", _zero3), ("step", _always)):
         wrap_once(engine, name, lambda method, when=when: _reads_cut_the_graph(_ending_in_a_sync(when)(method)))

@@ -8,13 +8,17 @@ kernels reduce one dimension at a time with `max.dim`/`min.dim`, and put NaN bac
 where the input had one: XLA's max/min drop NaN, PyTorch's propagate it, and the
 overflow check depends on that. Autograd keeps using PyTorch's own derivative formulas,
 since these kernels sit below the autograd key.
+
+`replace_xla_kernels` is how deepspeed_xla puts any kernel of its own on the XLA dispatch key
+(step_graphs.py's host read too).
 """
 
 import warnings
 
 import torch
 
-_library = None
+_library = None  # the one torch.library registration of deepspeed_xla's XLA kernels
+_replaced = set()  # aten op names registered there
 
 
 def _reduce_all(reduce_dim):
@@ -36,14 +40,21 @@ def _reduce_all(reduce_dim):
     return kernel
 
 
-def install():
-    """Register the corrected kernels for the XLA dispatch key (once per process)."""
+def replace_xla_kernels(kernels):
+    """Register `kernels` ({aten op name: kernel}) for the XLA dispatch key in place of torch_xla's;
+    an op already registered here is left as it is (each at most once per process)."""
     global _library
-    if _library is not None:
-        return
-    _library = torch.library.Library("aten", "IMPL")
+    if _library is None:
+        _library = torch.library.Library("aten", "IMPL")
     with warnings.catch_warnings():
         # PyTorch warns when a kernel for an existing (op, key) pair is replaced: that is the point.
         warnings.simplefilter("ignore")
-        _library.impl("amax", _reduce_all(torch.ops.aten.max.dim), "XLA")
-        _library.impl("amin", _reduce_all(torch.ops.aten.min.dim), "XLA")
+        for op, kernel in kernels.items():
+            if op not in _replaced:
+                _library.impl(op, kernel, "XLA")
+                _replaced.add(op)
+
+
+def install():
+    """Register the corrected kernels for the XLA dispatch key (once per process)."""
+    replace_xla_kernels({"amax": _reduce_all(torch.ops.aten.max.dim), "amin": _reduce_all(torch.ops.aten.min.dim)})
