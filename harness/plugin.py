@@ -102,7 +102,12 @@ class HarnessSession:
             config.hook.pytest_deselected(items=list(items))
             items.clear()
             return
+        suite, selected, deselected = config.getoption("harness_suite"), [], []
         for item in items:
+            if not selects(suite, item.nodeid):
+                deselected.append(item)
+                continue
+            selected.append(item)
             area, problem = self._area(item)
             method = None
             if area == "interface":
@@ -113,12 +118,9 @@ class HarnessSession:
             if problem:
                 self.problems[item.nodeid] = problem
             item.user_properties.append(("harness", {"area": area, "method": method}))
-        suite = config.getoption("harness_suite")
-        deselected = [item for item in items
-                      if not selects(suite, self._area(item)[0], f"{item.path.name}::{item.nodeid.split('::', 1)[1]}")]
         if deselected:
             config.hook.pytest_deselected(items=deselected)
-            items[:] = [item for item in items if item not in deselected]
+            items[:] = selected
 
     @staticmethod
     def _area(item):

@@ -15,7 +15,6 @@ from pathlib import Path
 
 AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts")
 SUITES = {**{area: (area, ) for area in AREAS}, "all": AREAS, "smoke": AREAS}
-SELECTIVE_SUITES = ("smoke", )
 
 SMOKE = {
     "interface": ("*", ),  # in-process and quick: the whole checklist
@@ -29,6 +28,7 @@ SMOKE = {
     "graph": ("*", ),  # one small model per config, in process
     "scripts": ("*[parameter-list-zero2-1rank]", "*[client-optimizer-zero1-1rank]"),
 }
+SELECTIONS = {"smoke": SMOKE}  # selective suite -> {area: test id patterns}
 
 CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
 
@@ -54,12 +54,13 @@ def modules_for(suite, root=CONFORMANCE_DIR):
     return sorted(path for path in Path(root).glob("test_*.py") if area_of_module(path) in areas)
 
 
-def selects(suite, area, test_id):
-    """Whether `suite` runs the check `test_id` (`module.py::name[params]`) of `area`: all of its
-    areas' checks, or for a selective suite only those its table names."""
-    if suite not in SELECTIVE_SUITES:
+def selects(suite, test_id):
+    """Whether `suite` runs the check `test_id` (`[path/]test_<area>_*.py::name[params]`): all of its
+    areas' checks, or for a selective suite only those its table names for the module's area."""
+    if suite not in SELECTIONS:
         return True
-    return any(id_matches(pattern, test_id) for pattern in SMOKE.get(area, ()))
+    patterns = SELECTIONS[suite].get(area_of_module(test_id.split("::", 1)[0]), ())
+    return any(id_matches(pattern, test_id) for pattern in patterns)
 
 
 def id_matches(pattern, test_id):
@@ -70,7 +71,4 @@ def id_matches(pattern, test_id):
 
 def may_select(suite, test_id):
     """Whether `suite` can run a check that `test_id` (a repository-relative id, `*` allowed) names."""
-    if suite not in SELECTIVE_SUITES or "*" in test_id:
-        return True
-    module, _, name = test_id.partition("::")
-    return selects(suite, area_of_module(module), f"{Path(module).name}::{name}")
+    return "*" in test_id or selects(suite, test_id)
