@@ -40,33 +40,22 @@ def _iterations(size):
 
 
 def _buffers(collective, count, rank, world, device):
-    """(run, check): `run()` does the collective once; `check()` counts wrong result elements."""
+    """(fresh, run, check): `fresh()` restores the inputs an in-place collective overwrote, `run(op)`
+    does the collective once, `check()` counts the result's wrong elements."""
     import torch
     value = float(rank + 1)
-    if collective == "all_reduce":
+    rank_sum = world * (world + 1) / 2
+    if collective in ("all_reduce", "broadcast"):  # in place, from rank 0 for broadcast
         tensor = torch.full((count, ), value, device=device)
-        expected = world * (world + 1) / 2
-
-        def fresh():
-            tensor.fill_(value)
-
-        return fresh, lambda op: op(tensor), lambda: int((tensor.cpu() != expected).sum())
+        expected = rank_sum if collective == "all_reduce" else 1.0
+        return (lambda: tensor.fill_(value)), (lambda op: op(tensor)), lambda: int((tensor.cpu() != expected).sum())
     if collective == "all_gather":
-        shard = torch.full((count // world, ), value, device=device)
-        out = torch.empty(count, device=device)
+        inp, out = torch.full((count // world, ), value, device=device), torch.empty(count, device=device)
         expected = torch.arange(1, world + 1, dtype=torch.float32).repeat_interleave(count // world)
-        return lambda: None, lambda op: op(out, shard), lambda: int((out.cpu() != expected).sum())
-    if collective == "reduce_scatter":
-        full = torch.full((count, ), value, device=device)
-        out = torch.empty(count // world, device=device)
-        expected = world * (world + 1) / 2
-        return lambda: None, lambda op: op(out, full), lambda: int((out.cpu() != expected).sum())
-    tensor = torch.full((count, ), value, device=device)
-
-    def fresh():
-        tensor.fill_(value)
-
-    return fresh, lambda op: op(tensor), lambda: int((tensor.cpu() != 1.0).sum())
+    else:  # reduce_scatter
+        inp, out = torch.full((count, ), value, device=device), torch.empty(count // world, device=device)
+        expected = rank_sum
+    return (lambda: None), (lambda op: op(out, inp)), lambda: int((out.cpu() != expected).sum())
 
 
 def worker():

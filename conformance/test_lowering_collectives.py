@@ -89,7 +89,7 @@ def lowered(tensor, op):
 def same_groups(found, expected):
     """Replica groups equal as a partition: the same groups, in any order, each with the same ranks in
     any order (XLA does not order them)."""
-    parse = lambda text: sorted(sorted(int(r) for r in group.split(",")) for group in re.findall(r"\{([\d,]+)\}", text))  # noqa: E731
+    parse = lambda text: sorted(sorted(int(r) for r in group.split(",")) for group in re.findall(r"\{([\d,]+)\}", text))
     return parse(found) == parse(expected)
 
 

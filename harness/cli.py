@@ -294,7 +294,7 @@ def record_references(args):
         raise UsageError(f"no training case id contains {args.select!r} (fixtures/training_cases.toml)")
     print(f"harness: recording the CPU reference curves of {len(cases)} training case(s) -> {args.out}", flush=True)
     recorded = []
-    say = lambda line: print(f"harness: {line}", flush=True)  # noqa: E731
+    say = lambda line: print(f"harness: {line}", flush=True)
     try:
         with tempfile.TemporaryDirectory(prefix="harness-references-") as workdir:
             failed = references.regenerate(cases, workdir, root=args.out, say=say, recorded=recorded)

@@ -144,7 +144,7 @@ def _counts_text(counts):
 def _without_checkout_path(results, src):
     """Messages and tracebacks name files relative to the checkout: a report pastes without local paths."""
     prefix = f"{src}{os.sep}"
-    strip = lambda text: text.replace(prefix, "") if isinstance(text, str) else text  # noqa: E731
+    strip = lambda text: text.replace(prefix, "") if isinstance(text, str) else text
     for result in results:
         for key in ("message", "traceback"):
             result[key] = strip(result[key])

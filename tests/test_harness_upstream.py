@@ -124,7 +124,7 @@ def test_a_hung_test_is_stopped_in_bounded_time_and_the_run_goes_on(tmp_path, tr
     ("skipped", "xfailed", "both-skip", "skipped"),
 ])
 def test_verdicts(baseline, candidate, verdict, status):
-    record = lambda s: None if s is None else {"status": s, "message": f"{s} here", "duration_s": 1.0}  # noqa: E731
+    record = lambda s: None if s is None else {"status": s, "message": f"{s} here", "duration_s": 1.0}
     result = upstream_verdicts.judge("f.py::t", record(baseline), record(candidate))
     assert (result["evidence"]["verdict"], result["status"]) == (verdict, status)
     assert result["area"] == "upstream"
