@@ -14,7 +14,8 @@ def launch(script, args, world):
     """Popen objects for ranks 0..world-1 of `script --worker ARGS`; rank 0's stdout is a text pipe,
     each rank's stderr a temporary file. All are killed after TIMEOUT_S."""
     from harness import candidates
-    from harness.training import accelerator_env, free_port
+    from harness.candidate_env import accelerator_env
+    from harness.launching import free_port
     port = free_port()
     procs = []
     for rank in range(world):

@@ -19,7 +19,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from harness import candidates  # noqa: E402
-from harness.training import FIXTURES, accelerator_env, single_rank_env  # noqa: E402
+from harness.candidate_env import accelerator_env  # noqa: E402
+from harness.launching import single_rank_env  # noqa: E402
+from harness.paths import FIXTURES  # noqa: E402
 
 CONFIGS = [("zero0", "defaults"), ("zero1_default_buckets", "defaults"), ("zero2_default_buckets", "defaults"),
            ("zero3_default_buckets", "defaults"), ("zero1", "sized"), ("zero2", "sized"), ("zero3", "sized")]

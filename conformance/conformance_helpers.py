@@ -7,8 +7,8 @@ import sys
 
 import torch
 
-from harness import candidates
-from harness.training import compare_losses, describe_mismatch
+from harness import candidate_env
+from harness.loss_comparison import compare_losses, describe_mismatch
 
 # DeepSpeed passes device indices as ints, as strings ("0", from env and configs) and as torch.device.
 INDEX_FORMS = {
@@ -27,13 +27,11 @@ def materialise():
     sync()
 
 
-def run_fresh(code, timeout=300):
-    """Run `code` in a fresh Python process with the candidate installed first; returns the JSON
+def run_fresh(candidate, code, timeout=300):
+    """Run `code` in a fresh Python process with `candidate` installed first; returns the JSON
     object the code prints on its last line. The candidate is `accel` inside `code`."""
-    spec = candidates.spec_from_env()
-    prelude = "from harness.candidates import install_from_env\naccel = install_from_env()\n"
-
-    proc = subprocess.run([sys.executable, "-c", prelude + code], env=spec.child_env(os.environ),
+    prelude = "from harness.candidate_env import install_current\naccel = install_current()\n"
+    proc = subprocess.run([sys.executable, "-c", prelude + code], env=candidate_env.child_env(candidate, os.environ),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
@@ -41,10 +39,10 @@ def run_fresh(code, timeout=300):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def assert_trains_like_reference(case, reference, evidence, workdir, what):
-    """Train `case` on the candidate and compare every step's loss with `reference` (a
+def assert_trains_like_reference(case, candidate, reference, evidence, workdir, what):
+    """Train `case` on `candidate` and compare every step's loss with `reference` (a
     harness.references.Reference) within the case's precision tolerance; evidence records both."""
-    run = case.run(candidates.spec_from_env(), workdir)
+    run = case.run(candidate, workdir)
     comparison = compare_losses(reference.losses, run.losses, case.precision)
     evidence.update(comparison, **reference.evidence(), config=case.config, ranks=case.ranks, device=run.device)
     assert run.device.startswith("xla"), f"the candidate trained on {run.device}, not on an XLA device"

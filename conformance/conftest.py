@@ -4,7 +4,14 @@ plugin (harness/plugin.py) when these run; checks reach it the way DeepSpeed doe
 import pytest
 import torch
 
-from harness import references
+from harness import candidate_env, references
+
+
+@pytest.fixture(scope="session")
+def candidate():
+    """The candidate under test (harness.candidates.CandidateSpec), as the harness started this process for it:
+    what a check hands to the processes it starts (training scripts, DeepSpeed's launcher, fresh interpreters)."""
+    return candidate_env.current_spec()
 
 
 @pytest.fixture(scope="session")

@@ -11,8 +11,9 @@ it must reproduce steps 4-6 of the uninterrupted run within the fp32 tolerance:
 
 import pytest
 
-from harness.candidates import spec_from_env
-from harness.training import FIXTURES, compare_losses, describe_mismatch, run_training
+from harness.loss_comparison import compare_losses, describe_mismatch
+from harness.paths import FIXTURES
+from harness.training import run_training
 
 pytestmark = pytest.mark.area("checkpoint")
 
@@ -25,21 +26,19 @@ STAGES = (2, 3)
 _saved = {}  # (stage, saved on) -> (checkpoint dir, losses of the uninterrupted run); once per run
 
 
-def _accelerator(name):
-    return spec_from_env() if name == "candidate" else None
-
-
-def _train(stage, on, workdir, extra_args):
-    return run_training(SCRIPT, FIXTURES / "configs" / f"zero{stage}.json", _accelerator(on), workdir,
+def _train(stage, accelerator, workdir, extra_args):
+    """Train on `accelerator` (a CandidateSpec; None: DeepSpeed's CPU accelerator)."""
+    return run_training(SCRIPT, FIXTURES / "configs" / f"zero{stage}.json", accelerator, workdir,
                         world_size=RANKS, steps=STEPS, launcher="deepspeed", extra_args=extra_args)
 
 
-def _checkpoint(stage, saved_on, tmp_path_factory):
+def _checkpoint(stage, saved_on, candidate, tmp_path_factory):
     key = (stage, saved_on)
     if key not in _saved:
         workdir = tmp_path_factory.mktemp(f"zero{stage}-saved-on-{saved_on}")
         ckpt = workdir / "checkpoint"
-        run = _train(stage, saved_on, workdir, ["--save-dir", ckpt, "--save-after", SAVE_AFTER])
+        run = _train(stage, candidate if saved_on == "candidate" else None, workdir,
+                     ["--save-dir", ckpt, "--save-after", SAVE_AFTER])
         latest = ckpt / "latest"
         assert latest.is_file() and latest.read_text().strip() == f"global_step{SAVE_AFTER}", (
             f"ZeRO-{stage} on {saved_on}: save_checkpoint after step {SAVE_AFTER} left no "
@@ -52,9 +51,10 @@ def _checkpoint(stage, saved_on, tmp_path_factory):
 @pytest.mark.parametrize("saved_on,resumed_on", [("candidate", "candidate"), ("candidate", "cpu"),
                                                  ("cpu", "candidate")],
                          ids=["candidate-to-candidate", "candidate-to-cpu", "cpu-to-candidate"])
-def test_checkpoint_resumes_where_it_stopped(stage, saved_on, resumed_on, evidence, tmp_path, tmp_path_factory):
-    ckpt, uninterrupted = _checkpoint(stage, saved_on, tmp_path_factory)
-    resumed = _train(stage, resumed_on, tmp_path, ["--load-dir", ckpt])
+def test_checkpoint_resumes_where_it_stopped(stage, saved_on, resumed_on, candidate, evidence, tmp_path,
+                                             tmp_path_factory):
+    ckpt, uninterrupted = _checkpoint(stage, saved_on, candidate, tmp_path_factory)
+    resumed = _train(stage, candidate if resumed_on == "candidate" else None, tmp_path, ["--load-dir", ckpt])
     comparison = compare_losses(uninterrupted[SAVE_AFTER:], resumed.losses, "fp32")
     evidence.update(comparison, stage=stage, saved_on=saved_on, resumed_on=resumed_on, device=resumed.device)
     assert resumed.device.startswith("xla" if resumed_on == "candidate" else "cpu"), (

@@ -15,8 +15,8 @@ import json
 
 import pytest
 
-from harness.candidates import spec_from_env
-from harness.training import FIXTURES, launch
+from harness.launching import launch
+from harness.paths import FIXTURES
 
 pytestmark = pytest.mark.area("collectives")
 
@@ -32,11 +32,11 @@ def case_names():
 _runs = {}
 
 
-def results(world_size, tmp_path_factory):
+def results(world_size, candidate, tmp_path_factory):
     if world_size not in _runs:
         workdir = tmp_path_factory.mktemp(f"collectives{world_size}")
         out = workdir / "results"
-        run = launch([SCRIPT, "--out", out], spec_from_env(), workdir, num_gpus=world_size, timeout=300)
+        run = launch([SCRIPT, "--out", out], candidate, workdir, num_gpus=world_size, timeout=300)
         per_rank = {}
         for rank in range(world_size):
             path = out / f"rank{rank}.json"
@@ -47,8 +47,8 @@ def results(world_size, tmp_path_factory):
 
 @pytest.mark.parametrize("world_size", [2, 4], ids=["2ranks", "4ranks"])
 @pytest.mark.parametrize("case", case_names())
-def test_collective(case, world_size, evidence, tmp_path_factory):
-    run, per_rank = results(world_size, tmp_path_factory)
+def test_collective(case, world_size, candidate, evidence, tmp_path_factory):
+    run, per_rank = results(world_size, candidate, tmp_path_factory)
     missing = [rank for rank, result in per_rank.items() if result is None]
     assert not missing, (f"ranks {missing} of {world_size} wrote no results (launcher exit {run.returncode}); "
                          f"log tail:\n{run.log[-3000:]}")

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-
-from harness.training import FIXTURES, single_rank_env
 from xla_probe import graph_counters, sync
+
+from harness.launching import single_rank_env
+from harness.paths import FIXTURES
 
 pytestmark = pytest.mark.area("graph")
 

@@ -7,7 +7,6 @@ and compares them with current_device_name(); index forms are ints, strings and 
 
 import pytest
 import torch
-
 from conformance_helpers import INDEX_FORMS, host, run_fresh
 from xla_probe import RUNTIME_STARTED_SOURCE, pending_ops
 
@@ -155,9 +154,9 @@ print(json.dumps({{"after_install": after_install, "after_call": runtime_started
 
 
 @pytest.fixture(scope="module")
-def fresh_probes():
+def fresh_probes(candidate):
     """{method: probe result} for device_count and is_available, each in its own fresh process."""
-    return {method: run_fresh(_FRESH_PROBE.format(method=method)) for method in ("device_count", "is_available")}
+    return {method: run_fresh(candidate, _FRESH_PROBE.format(method=method)) for method in ("device_count", "is_available")}
 
 
 def _assert_runtime_untouched(probe, method):

@@ -14,24 +14,25 @@ import sys
 
 import pytest
 
-from harness.candidates import spec_from_env
-from harness.training import FIXTURES, accelerator_env, launch
+from harness.candidate_env import accelerator_env
+from harness.launching import launch
+from harness.paths import FIXTURES
 
 pytestmark = pytest.mark.area("launcher")
 
 RANKS = (2, 4)
 
 
-def _runner_parent(args, workdir):
+def _runner_parent(candidate, args, workdir):
     proc = subprocess.run([sys.executable, FIXTURES / "runner_parent.py", *args], cwd=workdir,
-                          env=accelerator_env(spec_from_env()), capture_output=True, text=True, timeout=300)
+                          env=accelerator_env(candidate), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"deepspeed {' '.join(args)} failed in the runner parent:\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.parametrize("ranks", RANKS, ids=[f"num_gpus-{n}" for n in RANKS])
-def test_device_count__runner_parent_leaves_runtime_uninitialised(ranks, evidence, tmp_path):
-    parent = _runner_parent(["--num_gpus", str(ranks), "train.py"], tmp_path)
+def test_device_count__runner_parent_leaves_runtime_uninitialised(ranks, candidate, evidence, tmp_path):
+    parent = _runner_parent(candidate, ["--num_gpus", str(ranks), "train.py"], tmp_path)
     evidence.update(runtime_initialized=parent["runtime_initialized"], world_info=parent["world_info"])
     assert parent["runtime_initialized"] is False, (
         f"`deepspeed --num_gpus {ranks}` initialised the XLA runtime in the launcher parent (device_count() or "
@@ -40,9 +41,9 @@ def test_device_count__runner_parent_leaves_runtime_uninitialised(ranks, evidenc
         f"the runner would start ranks {parent['world_info']} for --num_gpus {ranks}")
 
 
-def test_communication_backend_name__launched_ranks(accel, evidence, tmp_path):
+def test_communication_backend_name__launched_ranks(accel, candidate, evidence, tmp_path):
     out = tmp_path / "ranks"
-    run = launch([FIXTURES / "probe_env.py", "--out", out], spec_from_env(), tmp_path, num_gpus=2, timeout=300)
+    run = launch([FIXTURES / "probe_env.py", "--out", out], candidate, tmp_path, num_gpus=2, timeout=300)
     assert run.returncode == 0, f"`deepspeed --num_gpus 2 probe_env.py` exited {run.returncode}:\n{run.log[-3000:]}"
     ranks = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(2)}
     evidence.update(ranks=ranks)

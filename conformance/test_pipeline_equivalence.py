@@ -14,7 +14,7 @@ and nowhere else.
 import pytest
 from conformance_helpers import assert_trains_like_reference
 
-from harness.training import training_cases
+from harness.training_cases import training_cases
 
 pytestmark = pytest.mark.area("pipeline")
 
@@ -22,6 +22,6 @@ CASES = training_cases("pipeline")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_pipeline_loss_matches_cpu_reference(case, reference, evidence, tmp_path):
-    assert_trains_like_reference(case, reference(case), evidence, tmp_path / "candidate",
+def test_pipeline_loss_matches_cpu_reference(case, candidate, reference, evidence, tmp_path):
+    assert_trains_like_reference(case, candidate, reference(case), evidence, tmp_path / "candidate",
                                  f"{case.id}: 2-stage pipeline on {case.ranks} ranks")

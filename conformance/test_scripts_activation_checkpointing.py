@@ -11,8 +11,8 @@ candidate's own plain run: dropout streams differ between devices, so the CPU cu
 
 import pytest
 
-from harness import candidates
-from harness.training import TrainingCase, compare_losses, describe_mismatch
+from harness.loss_comparison import compare_losses, describe_mismatch
+from harness.training_cases import TrainingCase
 
 pytestmark = pytest.mark.area("scripts")
 
@@ -20,13 +20,12 @@ STEPS = 6
 
 
 @pytest.mark.parametrize("config", ["zero2", "zero3"])
-def test_activation_checkpointing_keeps_the_training_trajectory(config, evidence, tmp_path):
-    spec = candidates.spec_from_env()
+def test_activation_checkpointing_keeps_the_training_trajectory(config, candidate, evidence, tmp_path):
     runs = {}
     for mode, args in (("plain", ()), ("checkpointed", ("--checkpoint-activations", ))):
         case = TrainingCase("scripts", f"dropout-{mode}-{config}-1rank", "train_dropout.py", f"configs/{config}.json",
                             "fp32", 1, STEPS, args)
-        runs[mode] = case.run(spec, tmp_path / mode)
+        runs[mode] = case.run(candidate, tmp_path / mode)
     comparison = compare_losses(runs["plain"].losses, runs["checkpointed"].losses, "fp32")
     evidence.update(comparison, config=config, device=runs["checkpointed"].device)
     assert comparison["ok"], describe_mismatch(comparison, f"activation checkpointing with {config}",

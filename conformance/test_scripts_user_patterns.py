@@ -14,7 +14,7 @@ DeepSpeed moves the model fails here, silently wrong (ZeRO-0) or with a crash.
 import pytest
 from conformance_helpers import assert_trains_like_reference
 
-from harness.training import training_cases
+from harness.training_cases import training_cases
 
 pytestmark = pytest.mark.area("scripts")
 
@@ -22,6 +22,6 @@ CASES = training_cases("scripts")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_user_script_loss_matches_cpu_reference(case, reference, evidence, tmp_path):
-    assert_trains_like_reference(case, reference(case), evidence, tmp_path / "candidate",
+def test_user_script_loss_matches_cpu_reference(case, candidate, reference, evidence, tmp_path):
+    assert_trains_like_reference(case, candidate, reference(case), evidence, tmp_path / "candidate",
                                  f"{' '.join(case.args)} with {case.config} on {case.ranks} rank(s)")

@@ -12,7 +12,7 @@ downward.
 import pytest
 from conformance_helpers import assert_trains_like_reference
 
-from harness.training import training_cases
+from harness.training_cases import training_cases
 
 pytestmark = pytest.mark.area("zero")
 
@@ -20,6 +20,6 @@ CASES = training_cases("zero")
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_zero_stage_loss_matches_cpu_reference(case, reference, evidence, tmp_path):
-    assert_trains_like_reference(case, reference(case), evidence, tmp_path / "candidate",
+def test_zero_stage_loss_matches_cpu_reference(case, candidate, reference, evidence, tmp_path):
+    assert_trains_like_reference(case, candidate, reference(case), evidence, tmp_path / "candidate",
                                  f"{case.config} on {case.ranks} rank(s)")

@@ -8,7 +8,7 @@ SPEC is one of
   path/to/file.py:Class   a class defined in a Python file
 
 The orchestrator only parses the spec (usage errors are exit 2). Every process that runs
-checks calls `install_from_env()` before anything imports DeepSpeed; failures to import or build
+checks installs it (`candidate_env.install_current()`) before anything imports DeepSpeed; failures to import or build
 the candidate are CandidateError with a one-line reason, reported as a failed run.
 """
 
@@ -23,10 +23,6 @@ from pathlib import Path
 from deepspeed_xla._activation import REAL_ACCELERATOR
 from deepspeed_xla.import_hooks import PostImportHook
 
-SPEC_ENV = "HARNESS_CANDIDATE"
-AT_START_ENV = "HARNESS_CANDIDATE_AT_START"
-_REPO = Path(__file__).resolve().parent.parent
-_CANDIDATE_SITE = Path(__file__).resolve().parent / "candidate_site"
 _DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
 DEFAULT_SPEC = "deepspeed_xla"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -64,27 +60,6 @@ class CandidateSpec:
     def canonical(self):
         """The spec with a file candidate's path made absolute (child processes run elsewhere)."""
         return f"{self.target}:{self.attr}" if self.kind == "file" else self.text
-
-    def child_env(self, env, at_start=False):
-        """`env` for a process that should run with this candidate installed; with at_start,
-        for a process that does not run the harness plugin (a training script, DeepSpeed's
-        launcher and its workers), which then installs it from sitecustomize at start.
-
-        deepspeed_xla is activated at interpreter start by DS_ACCELERATOR=xla. Any other
-        candidate must not see DS_ACCELERATOR at start: DeepSpeed rejects unknown names,
-        and deepspeed_xla's start-up hook would answer "xla" in the candidate's place.
-        """
-        env = dict(env)
-        env[SPEC_ENV] = self.canonical
-        if self.kind == "deepspeed_xla":
-            env["DS_ACCELERATOR"] = "xla"
-        else:
-            env.pop("DS_ACCELERATOR", None)
-            if at_start:
-                env[AT_START_ENV] = "1"
-                path = [str(_CANDIDATE_SITE), str(_REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-                env["PYTHONPATH"] = os.pathsep.join(path)
-        return env
 
 
 def parse_spec(text):
@@ -236,22 +211,3 @@ def install(spec):
     from deepspeed_xla.runtime import apply_matmul_precision
     apply_matmul_precision()
     return installer.accelerator
-
-
-def spec_from_env():
-    return parse_spec(os.environ.get(SPEC_ENV, DEFAULT_SPEC))
-
-
-_installed = {}  # canonical spec -> the accelerator installed in this process
-
-
-def install_from_env():
-    """Install the candidate this process was started for (HARNESS_CANDIDATE), once: the
-    sitecustomize start-up hook may already have done it in this process."""
-    try:
-        spec = spec_from_env()
-    except SpecError as err:
-        raise CandidateError(str(err)) from None
-    if spec.canonical not in _installed:
-        _installed[spec.canonical] = install(spec)
-    return _installed[spec.canonical]

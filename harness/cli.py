@@ -20,11 +20,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import (candidates, curves, environment, expectations, outcomes, process_group, references, report_json,
-               report_diff, report_junit, report_md, run_dir, suites, training, upstream)
+from . import (candidate_env, candidates, curves, environment, expectations, outcomes, process_group, references,
+               report_diff, report_json, report_junit, report_md, run_dir, suites, training_cases, upstream)
+from .paths import BENCHMARKS, REPO
 from .plugin import OUT_ENV
 
-REPO = Path(__file__).resolve().parents[1]
 PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
 # pytest exit codes after which the child ran what it collected (0 passed, 1 failures, 5 nothing)
 _FINISHED = (0, 1, 5)
@@ -60,7 +60,7 @@ def _parser():
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments (e.g. -k)")
     record = commands.add_parser("references", help="train and store the CPU reference curve of every training case "
                                  f"({references.REFERENCES.relative_to(REPO)}/)")
-    record.add_argument("--area", choices=training.training_areas(), help="only this area's cases (default: all)")
+    record.add_argument("--area", choices=training_cases.training_areas(), help="only this area's cases (default: all)")
     record.add_argument("-k", dest="select", default="", help="only cases whose id contains this text")
     record.add_argument("--out", default=str(references.REFERENCES),
                         help="where to store them (default: where `run --reference stored` reads them)")
@@ -76,7 +76,6 @@ def _parser():
     return parser
 
 
-BENCHMARKS = REPO / "benchmarks"
 
 
 def benchmark_names():
@@ -246,7 +245,7 @@ def run(args):
     spec, modules, expected, device_kind, device_count = _plan(args)
     run_id = run_dir.new_run_id(args.suite, args.backend)
     out = run_dir.prepare(args.out or run_dir.reports_root() / run_id)
-    env = spec.child_env(os.environ)
+    env = candidate_env.child_env(spec, os.environ)
     env["PJRT_DEVICE"] = PJRT_DEVICE[args.backend]
     if args.backend == "tpu":  # compare fp32 at full precision: TPUs multiply fp32 in bf16 passes by default
         env.setdefault("DS_XLA_MATMUL_PRECISION", "highest")
@@ -288,8 +287,8 @@ def run(args):
 
 
 def record_references(args):
-    cases = [case for area in ([args.area] if args.area else training.training_areas())
-             for case in training.training_cases(area) if args.select in case.id]
+    cases = [case for area in ([args.area] if args.area else training_cases.training_areas())
+             for case in training_cases.training_cases(area) if args.select in case.id]
     if not cases:
         raise UsageError(f"no training case id contains {args.select!r} (fixtures/training_cases.toml)")
     print(f"harness: recording the CPU reference curves of {len(cases)} training case(s) -> {args.out}", flush=True)

@@ -14,7 +14,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from .paths import REPO
+
 # Variables that change what a run means; nothing else from the environment is recorded.
 ENV_ALLOWLIST = ("PJRT_DEVICE", "DS_ACCELERATOR", "XLA_FLAGS", "CPU_NUM_DEVICES", "TPU_ACCELERATOR_TYPE",
                  "TPU_VISIBLE_CHIPS")

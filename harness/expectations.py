@@ -9,13 +9,13 @@ A failure matching an entry becomes xfailed; a matched test that passes is xpass
 entry matching no test is reported as unmatched. Both are reported, neither fails the run.
 """
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .suites import id_matches
+import tomllib
 
-EXPECTATIONS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "expectations"
+from .paths import EXPECTATIONS
+from .suites import id_matches
 
 
 class ExpectationsError(ValueError):
@@ -37,7 +37,7 @@ class Expectation:
 
 
 def default_path(candidate_name, backend):
-    return EXPECTATIONS_DIR / f"{candidate_name}-{backend}.toml"
+    return EXPECTATIONS / f"{candidate_name}-{backend}.toml"
 
 
 def load(path):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from . import candidates, checklist, environment, references
+from . import candidate_env, candidates, checklist, environment, references
 from .outcomes import TIMEOUT_MARK, result_record
 from .suites import AREAS, SUITES, area_of_module, selects
 
@@ -55,7 +55,7 @@ class HarnessSession:
         self.candidate_error = None
         self.accelerator = None
         try:
-            self.accelerator = candidates.install_from_env()
+            self.accelerator = candidate_env.install_current()
         except candidates.CandidateError as err:
             self.candidate_error = str(err)
         self.methods = checklist.interface_methods() if self.candidate_error is None else []

@@ -18,9 +18,10 @@ import platform
 from pathlib import Path
 
 from .environment import installed_version, source_revision
-from .training import FIXTURES, REPO, TrainingFailed, compare_losses
+from .loss_comparison import compare_losses
+from .paths import FIXTURES, REFERENCES, REPO
+from .training import TrainingFailed
 
-REFERENCES = FIXTURES / "references"
 # A regenerated curve that moved by at most this fraction of its precision's rtol trained the same:
 # CPUs of another model round fp32 differently (~1e-7 relative between the x86 CPUs seen here), and
 # rewriting such a curve would only churn the stored files.

@@ -19,6 +19,7 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+from .paths import REPO
 from .report_json import FAILING, STATUSES
 from .suites import SUITES
 
@@ -27,7 +28,6 @@ LIMIT_BYTES = 60_000
 # most detailed first; the last lists each failure on one line.
 LEVELS = ((2000, 3000, True, True), (800, 1200, True, True), (300, 0, True, True), (0, 0, True, True),
           (0, 0, False, True), (0, 0, False, False))
-_REPO = Path(__file__).resolve().parents[1]
 
 _MARK = {"passed": "✅", "failed": "❌", "error": "💥", "flaky": "🔀", "xfailed": "⚠️", "xpassed": "❗", "skipped": "⏭️"}
 
@@ -66,7 +66,7 @@ def _curve_link(path):
 
 def local_paths():
     """[(pattern, placeholder)] for every path and name of this machine a report must not show."""
-    places = [(str(_REPO), "<repo>"), (sys.prefix, "<python-env>"), (tempfile.gettempdir(), "<tmp>"),
+    places = [(str(REPO), "<repo>"), (sys.prefix, "<python-env>"), (tempfile.gettempdir(), "<tmp>"),
               (str(Path.home()), "~")]
     places = [(os.path.realpath(path), name) for path, name in places] + places
     places = [(path.rstrip("/"), name) for path, name in places if len(path.rstrip("/")) > 1]  # never "/" itself

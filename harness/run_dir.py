@@ -6,13 +6,14 @@ import shutil
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from .paths import REPORTS
+
 # Tests point this elsewhere so that their runs do not move the repository's reports/latest.
 REPORTS_ENV = "HARNESS_REPORTS_DIR"
 
 
 def reports_root():
-    return Path(os.environ.get(REPORTS_ENV) or REPO / "reports")
+    return Path(os.environ.get(REPORTS_ENV) or REPORTS)
 
 
 def new_run_id(suite, backend):

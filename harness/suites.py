@@ -13,6 +13,8 @@ area's machinery once, so that a run takes minutes and a broken area still shows
 import re
 from pathlib import Path
 
+from .paths import CONFORMANCE
+
 AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts")
 SUITES = {**{area: (area, ) for area in AREAS}, "all": AREAS, "smoke": AREAS}
 
@@ -30,7 +32,6 @@ SMOKE = {
 }
 SELECTIONS = {"smoke": SMOKE}  # selective suite -> {area: test id patterns}
 
-CONFORMANCE_DIR = Path(__file__).resolve().parents[1] / "conformance"
 
 
 class UnknownSuite(ValueError):
@@ -46,7 +47,7 @@ def area_of_module(filename):
     return None
 
 
-def modules_for(suite, root=CONFORMANCE_DIR):
+def modules_for(suite, root=CONFORMANCE):
     """Conformance module paths a suite runs, sorted; UnknownSuite for a name not registered."""
     if suite not in SUITES:
         raise UnknownSuite(f"unknown suite {suite!r}; known suites: {', '.join(sorted(SUITES))}")

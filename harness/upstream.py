@@ -15,19 +15,19 @@ accelerator it does not know (never by editing its files):
   - DS_UNITTEST_TIMEOUT: DeepSpeed's own bound on one test's ranks, and the watchdog's
     (upstream_run.py), so a rank that dies in DeepSpeed's pool becomes an error, not a hang.
 The candidate is installed in every process DeepSpeed's harness starts (its forkserver pool
-and spawned ranks) the way `run` installs it in training scripts (candidates.child_env).
+and spawned ranks) the way `run` installs it in training scripts (candidate_env.child_env).
 Results join report.json / junit.xml / report.md as area `upstream` (verdicts: upstream_verdicts.py).
 """
 
 import os
 from pathlib import Path
 
-from . import (candidates, environment, expectations, report_json, report_junit, report_md, run_dir,
+from . import (candidate_env, candidates, environment, expectations, report_json, report_junit, report_md, run_dir,
                upstream_run, upstream_selection, upstream_verdicts)
 
 PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
 SIDES = ("baseline", "candidate")
-_CLEARED = (candidates.SPEC_ENV, candidates.AT_START_ENV, "DS_ACCELERATOR", "PYTEST_ADDOPTS",
+_CLEARED = (*candidate_env.CANDIDATE_VARIABLES, "DS_ACCELERATOR", "PYTEST_ADDOPTS",
             "CUDA_VISIBLE_DEVICES", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
@@ -80,7 +80,8 @@ def side_envs(spec, backend, devices, timeout_s, base=None):
                   DS_UNITTEST_TIMEOUT=str(timeout_s), PJRT_DEVICE=PJRT_DEVICE[backend])
     if backend == "tpu":  # PJRT CPU cannot load the executables it stores (PersistentCacheDeserializeFailure)
         common.setdefault("XLA_PERSISTENT_CACHE_PATH", str(Path.home() / ".cache" / "deepspeed_xla" / "xla_cache"))
-    return {"baseline": {**common, "DS_ACCELERATOR": "cpu"}, "candidate": spec.child_env(common, at_start=True)}
+    return {"baseline": {**common, "DS_ACCELERATOR": "cpu"},
+            "candidate": candidate_env.child_env(spec, common, at_start=True)}
 
 
 def source_info(src):

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import process_group
+from .paths import REPO
 from .report_json import read_events
 from .upstream_plugin import UPSTREAM_EVENTS_ENV
 
 GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
 COLLECTION_S = 600  # the least a session may take to collect before it is thought hung
 POLL_S = 1.0
-_REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -86,7 +86,7 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
         command = [sys.executable, "-m", "pytest", "-p", "harness.upstream_plugin", "-p", "no:cacheprovider",
                    "-q", "-rN", "--color=no", *pytest_args, *pending]
         child_env = {**env, UPSTREAM_EVENTS_ENV: str(events_path),
-                     "PYTHONPATH": os.pathsep.join([str(_REPO), *filter(None, [env.get("PYTHONPATH")])])}
+                     "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])}
         with open(log_path, "w", encoding="utf-8") as log:
             process = subprocess.Popen(command, cwd=tests_dir, env=child_env, stdout=log, stderr=subprocess.STDOUT,
                                        start_new_session=True)

@@ -20,13 +20,13 @@ expected failure, a matched test that passes is reported as such, and an entry m
 test is reported. A `tests` entry whose targets collect no test on either side is reported too.
 """
 
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
-from .expectations import Expectation
+import tomllib
 
-SELECTIONS_DIR = Path(__file__).resolve().parents[1] / "fixtures" / "upstream"
+from .expectations import Expectation
+from .paths import UPSTREAM_SELECTIONS
 
 
 class SelectionError(ValueError):
@@ -73,11 +73,11 @@ class Selection:
 
 
 def default_path(deepspeed_version):
-    return SELECTIONS_DIR / f"deepspeed-{deepspeed_version}.toml"
+    return UPSTREAM_SELECTIONS / f"deepspeed-{deepspeed_version}.toml"
 
 
 def available():
-    return sorted(path.name for path in SELECTIONS_DIR.glob("deepspeed-*.toml"))
+    return sorted(path.name for path in UPSTREAM_SELECTIONS.glob("deepspeed-*.toml"))
 
 
 def _strings(value, where):

@@ -10,7 +10,9 @@ import sys
 import pytest
 
 from harness import references
-from harness.training import REPO, compare_losses, training_areas, training_cases
+from harness.loss_comparison import compare_losses
+from harness.paths import REPO
+from harness.training_cases import training_areas, training_cases
 
 CASES = [case for area in training_areas() for case in training_cases(area)]
 # the cheapest case (one rank, ~10 s on CPU) stands for all in the checks that train

@@ -355,7 +355,7 @@ def test_diff_of_something_that_is_not_a_report_is_one_line(tmp_path, content, r
 
 
 def test_tolerance_rows_per_device():
-    from harness.training import tolerance
+    from harness.loss_comparison import tolerance
     assert tolerance("fp32", "CPU") == (1e-5, 1e-6)
     assert tolerance("fp32", "TPU") == (1e-4, 1e-5)  # compared at DS_XLA_MATMUL_PRECISION=highest
     assert tolerance("bf16", "TPU") == tolerance("bf16", "CPU")

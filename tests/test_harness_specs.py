@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness import checklist, suites
+from harness.candidate_env import child_env
 from harness.candidates import SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -48,9 +49,9 @@ def test_parse_spec_errors_are_one_line(text, reason):
 
 def test_child_env_activates_only_deepspeed_xla_at_start_up():
     base = {"DS_ACCELERATOR": "xla", "PATH": "/bin"}
-    assert parse_spec("deepspeed_xla").child_env(base)["DS_ACCELERATOR"] == "xla"
+    assert child_env(parse_spec("deepspeed_xla"), base)["DS_ACCELERATOR"] == "xla"
     for text in ("in-tree", "pkg.mod:Accel"):
-        env = parse_spec(text).child_env(base)
+        env = child_env(parse_spec(text), base)
         assert "DS_ACCELERATOR" not in env and env["HARNESS_CANDIDATE"] == text and env["PATH"] == "/bin"
 
 
@@ -152,7 +153,7 @@ def test_in_tree_candidate_is_deepspeeds_own_and_leaves_ds_accelerator_to_the_ha
     """in-tree:NAME installs what DeepSpeed itself answers to DS_ACCELERATOR=NAME (here its CPU
     accelerator, which every DeepSpeed has), and children do not inherit the name: deepspeed_xla's
     start-up hook would otherwise claim DS_ACCELERATOR=xla in them."""
-    code = ("import os; from harness.candidates import install_from_env; a = install_from_env(); "
+    code = ("import os; from harness.candidate_env import install_current; a = install_current(); "
             "print(type(a).__module__, os.environ.get('DS_ACCELERATOR'))")
     env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,

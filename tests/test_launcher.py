@@ -16,10 +16,9 @@ from pathlib import Path
 import pytest
 
 from deepspeed_xla import launch, tpu_topology
-from harness.training import FIXTURES
-
 from harness.candidates import parse_spec
-from harness.training import launch as run_launcher
+from harness.launching import launch as run_launcher
+from harness.paths import FIXTURES
 
 GOOGLE = "0x1ae0"
 

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from harness.candidates import parse_spec
-from harness.training import FIXTURES, free_port, launch
+from harness.launching import free_port, launch
+from harness.paths import FIXTURES
 
 SCRIPT = FIXTURES / "faulty.py"
 TIMEOUT_ENV = {"DS_XLA_COLLECTIVE_TIMEOUT": "10"}

@@ -9,9 +9,11 @@ activates it); every other candidate is installed here, before DeepSpeed is impo
 import os
 import sys
 
-if os.environ.get("HARNESS_CANDIDATE") and os.environ.get("HARNESS_CANDIDATE_AT_START") == "1":
-    from harness.candidates import CandidateError, install_from_env
-    try:
-        install_from_env()
-    except CandidateError as err:
-        sys.exit(f"harness: {err}")
+if "HARNESS_CANDIDATE_AT_START" in os.environ:  # harness.candidate_env owns the variables; this only avoids
+    from harness import candidate_env  # importing the harness into processes that have none
+    from harness.candidates import CandidateError
+    if candidate_env.installs_at_start():
+        try:
+            candidate_env.install_current()
+        except CandidateError as err:
+            sys.exit(f"harness: {err}")

@@ -1,0 +1,104 @@
+"""Starting the processes a check runs: one rank as `python script.py`, or DeepSpeed's launcher.
+
+Every run goes in its own session, which is killed whole when the run ends, and leaves nothing
+behind that outlives it: no rank, and no shared-memory segment of DeepSpeed's CPU accelerator.
+"""
+
+import dataclasses
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .candidate_env import accelerator_env
+
+DEEPSPEED_RUNNER = ("-m", "deepspeed.launcher.runner")
+SHM_DIR = Path("/dev/shm")
+
+
+@dataclasses.dataclass
+class Launch:
+    """How a run ended: exit status (negative: killed by that signal), its whole log, wall seconds,
+    and the rendezvous port (MASTER_PORT) it was given, if any."""
+    returncode: int
+    log: str
+    seconds: float
+    timed_out: bool = False
+    port: int | None = None
+
+
+def free_port():
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def single_rank_env(port=None):
+    """torch.distributed's environment for one rank started as `python script.py` (as torchrun
+    would set it), on `port` or a free local one."""
+    return dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port or free_port()))
+
+
+def release_shm_buffers(port, shm_dir=SHM_DIR):
+    """Remove the shared-memory all-reduce buffers DeepSpeed's CPU accelerator made for a job on
+    `port` (`deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`, 69 MB per rank): DeepSpeed's
+    shm comm never unlinks them, so every multi-rank CPU run would leave its ranks' buffers in
+    memory until reboot. Returns how many were removed."""
+    removed = 0
+    for path in Path(shm_dir).glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+        try:
+            path.unlink()
+            removed += 1
+        except FileNotFoundError:
+            pass
+    return removed
+
+
+def run_in_session(cmd, env, workdir, log_path, timeout, port=None):
+    """Run `cmd` in its own session and, whatever happens (exit, failure, timeout), kill the
+    whole session before returning, so no rank a launcher started outlives the run; then release
+    the shared-memory buffers of the job on `port`."""
+    start = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            proc.wait()
+            if port is not None:
+                release_shm_buffers(port)
+    return Launch(proc.returncode, Path(log_path).read_text(), time.monotonic() - start, timed_out, port)
+
+
+def deepspeed_command(resources, script_args, port, runner=DEEPSPEED_RUNNER):
+    """`deepspeed RESOURCES --master_port PORT SCRIPT_ARGS` (`python -m` the runner, so the
+    command does not depend on PATH)."""
+    return [sys.executable, *runner, *resources, "--master_port", str(port), *map(str, script_args)]
+
+
+def launch(script_args, candidate, workdir, *, num_gpus=None, include=None, env=None, timeout=600,
+           runner=DEEPSPEED_RUNNER):
+    """`deepspeed [--num_gpus N | --include ...] --master_port P script_args` on `candidate`
+    (None: DeepSpeed's CPU accelerator) on a free port; `env` adds to the environment."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    resources = ["--num_gpus", str(num_gpus)] if num_gpus is not None else []
+    if include is not None:
+        resources = ["--include", include]
+    label = "cpu" if candidate is None else candidate.name
+    port = free_port()
+    return run_in_session(deepspeed_command(resources, script_args, port, runner), accelerator_env(candidate, env),
+                          workdir, workdir / f"launch-{label}-{time.monotonic_ns()}.log", timeout, port=port)

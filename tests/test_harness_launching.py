@@ -1,0 +1,30 @@
+"""The harness's process launching leaves nothing behind: no rank, no shared-memory buffer."""
+
+import os
+
+from harness.launching import SHM_DIR, launch, release_shm_buffers
+from harness.paths import FIXTURES
+
+
+def _buffer(shm_dir, uid, port, rank, addr="127.0.0.1"):
+    path = shm_dir / f"deepspeed_allreduce_buffer_{uid}_{addr}_{port}_{rank}"
+    path.write_bytes(b"x")
+    return path
+
+
+def test_release_shm_buffers_removes_only_the_jobs_own(tmp_path):
+    uid = os.getuid()
+    own = [_buffer(tmp_path, uid, 29611, rank) for rank in range(2)]
+    others = [_buffer(tmp_path, uid, 29612, 0), _buffer(tmp_path, uid, 296110, 0), _buffer(tmp_path, uid + 1, 29611, 0)]
+    assert release_shm_buffers(29611, tmp_path) == 2
+    assert not any(path.exists() for path in own)
+    assert all(path.exists() for path in others)
+
+
+def test_a_cpu_accelerator_job_leaves_no_shm_buffer(tmp_path):
+    """DeepSpeed's CPU accelerator (the reference) makes a 69 MB shared-memory buffer per rank in
+    init_distributed and never unlinks it."""
+    run = launch([FIXTURES / "probe_env.py", "--out", tmp_path / "ranks"], None, tmp_path, num_gpus=2, timeout=300)
+    assert run.returncode == 0, run.log[-3000:]
+    left = sorted(path.name for path in SHM_DIR.glob(f"deepspeed_allreduce_buffer_*_{run.port}_*"))
+    assert not left, f"the job on port {run.port} left {left} in {SHM_DIR}"
