@@ -64,7 +64,7 @@ def worker():
     import torch
     import torch.distributed as dist
 
-    from deepspeed_xla import runtime
+    from deepspeed_xla.backend import runtime
 
     deepspeed.init_distributed()
     rank, world = ds_dist.get_rank(), ds_dist.get_world_size()

@@ -21,7 +21,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TARGET_S = {"smoke": 180, "all": 900}
 # The runtime starts lazily: time it up to a first tensor on the device and back.
-PROCESS_START = ("import time; t = time.perf_counter(); import torch, torch_xla, deepspeed; from deepspeed_xla import runtime; "
+PROCESS_START = ("import time; t = time.perf_counter(); import torch, torch_xla, deepspeed; "
+                 "from deepspeed_xla.backend import runtime; "
                  "i = time.perf_counter(); torch.ones(1, device=runtime.torch_device()).cpu(); "
                  "print(i - t, time.perf_counter() - i)")
 

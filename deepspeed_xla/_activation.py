@@ -6,24 +6,18 @@ multiprocessing spawn/forkserver children. DeepSpeed calls get_accelerator() dur
 its own import, rejects names it does not know, and binds its op builders to the
 accelerator it gets then, so the accelerator must be in place the moment
 `deepspeed.accelerator.real_accelerator` has executed, before anything else in
-DeepSpeed runs: a post-import hook (import_hooks.py) on that one module.
+DeepSpeed runs: a post-import hook (xla_host/import_hooks.py) on that one module.
 """
 
 import sys
 
-from .import_hooks import PostImportHook, arm
+from xla_host.import_hooks import REAL_ACCELERATOR, PostImportHook, arm
 
-REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"
-INSTALL_HINT = ("deepspeed_xla: DS_ACCELERATOR=xla needs torch_xla, which is not installed. "
-                "Install it with `pip install deepspeed-xla[tpu]` on a TPU VM, or `pip install torch_xla==2.9.0` "
-                "for PJRT CPU, or unset DS_ACCELERATOR.")
+from . import backend
 
 
 def _install_accelerator(module):
-    try:
-        import torch_xla  # noqa: F401  (workers must load it before DeepSpeed touches xla devices)
-    except ImportError:
-        raise SystemExit(INSTALL_HINT) from None
+    backend.load()  # workers must load it before DeepSpeed touches a device
     from .accelerator import XLA_Accelerator
     try:
         accelerator = XLA_Accelerator()

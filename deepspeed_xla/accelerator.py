@@ -14,13 +14,17 @@ cut the graph and force a device round trip).
 """
 
 import contextlib
-import os
 
 import torch
 from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
-from . import backward_guard, engine_hooks, param_identity, runtime, torch_device_module, xla_limits, xla_op_fixes
+from xla_host import discovery
+
+from . import backend, backward_guard, engine_hooks, param_identity, torch_device_module, xla_limits
+from .backend import op_fixes, runtime
 from .comm import BACKEND_NAME, register_backend
+from .device_index import ordinal as device_index_ordinal
+from .memory import MemoryAccounting
 from .rng import XlaGenerator
 from .streams import Event, Stream
 
@@ -41,7 +45,7 @@ class _TensorType:
         return torch.empty(*args, dtype=self.dtype, device=device)
 
     def __instancecheck__(self, obj):
-        return isinstance(obj, torch.Tensor) and obj.dtype == self.dtype and obj.device.type == "xla"
+        return isinstance(obj, torch.Tensor) and obj.dtype == self.dtype and obj.device.type == backend.DEVICE_TYPE
 
     def __repr__(self):
         return f"XLA {self.dtype} tensor type"
@@ -52,16 +56,15 @@ class XLA_Accelerator(DeepSpeedAccelerator):
     def __init__(self):
         super().__init__()
         runtime.apply_matmul_precision()
-        self._name = "xla"
+        self._name = backend.DEVICE_TYPE
         self._communication_backend_name = BACKEND_NAME
-        self._compile_backend = xla_limits.DEFAULT_COMPILE_BACKEND
+        self._compile_backend = backend.DEFAULT_COMPILE_BACKEND
         self._current_ordinal = 0
         self._generators = {}
-        self._peak_bytes = 0  # highest usage observed since start or the last reset
-        self._peak_was_reset = False
+        self._memory = MemoryAccounting()
         self._ranges = []
         register_backend()
-        xla_op_fixes.install()
+        op_fixes.install()
         param_identity.install()
         backward_guard.install()
         engine_hooks.arm()
@@ -83,39 +86,12 @@ class XLA_Accelerator(DeepSpeedAccelerator):
 
     # Device APIs
     def _ordinal(self, device_index):
-        """Local XLA ordinal of a DeepSpeed device index (int, '1', 'xla:1' or torch.device)."""
-        if device_index is None:
-            return self._current_ordinal
-        index = device_index
-        if isinstance(index, torch.device):
-            if index.type != "xla":
-                raise ValueError(f"not an XLA device: {index}")
-            index = index.index if index.index is not None else self._current_ordinal
-        elif isinstance(index, str):
-            text = index.strip()
-            if text == "xla":
-                return self._current_ordinal
-            if text.startswith("xla:"):
-                text = text[4:]
-            if not text.isdigit():
-                raise ValueError(f"not an XLA device index: {device_index!r} "
-                                 "(expected an int, a string such as '1' or 'xla:1', or a torch.device)")
-            index = int(text)
-        elif isinstance(index, bool) or not isinstance(index, int):
-            raise ValueError(f"not an XLA device index: {device_index!r} "
-                             "(expected an int, a string such as '1' or 'xla:1', or a torch.device)")
-        if index < 0:
-            raise ValueError(f"device index must be >= 0, got {device_index!r}")
-        # DeepSpeed addresses a rank's device by its local rank; this process owns it as xla:0.
-        local_rank = os.environ.get("LOCAL_RANK")
-        if local_rank is not None and local_rank.isdigit() and index == int(local_rank):
-            return 0
-        return index
+        return device_index_ordinal(device_index, self._current_ordinal)
 
     def device_name(self, device_index=None):
         if device_index is None:
-            return "xla"
-        return f"xla:{self._ordinal(device_index)}"
+            return self._name
+        return f"{self._name}:{self._ordinal(device_index)}"
 
     def device(self, device_index=None):
         # As CUDA's accelerator: a torch.device. DeepSpeed uses it as engine.device (local rank -1),
@@ -129,10 +105,10 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         return self._current_ordinal
 
     def current_device_name(self):
-        return f"xla:{self._current_ordinal}"
+        return f"{self._name}:{self._current_ordinal}"
 
     def device_count(self):
-        return runtime.local_device_count()
+        return discovery.local_device_count()
 
     def synchronize(self, device_index=None):
         runtime.sync()
@@ -183,89 +159,56 @@ class XLA_Accelerator(DeepSpeedAccelerator):
     def Event(self):
         return Event
 
-    # Memory management. TPU: the device allocator's own figures. PJRT CPU keeps no
-    # allocator statistics and its buffers live in host memory, so the figures are this
-    # process's resident set and the host's memory, as DeepSpeed's CPU accelerator does.
-    def _usage(self, device_index=None):
-        """(bytes in use, device peak or None, bytes limit); every reading raises the tracked
-        peak, so a peak read afterwards is never below a usage already reported."""
-        info = runtime.memory_info(runtime.torch_device(self._ordinal(device_index)))
-        if info is not None:
-            used, device_peak, limit = info["bytes_used"], info.get("peak_bytes_used"), info["bytes_limit"]
-        else:
-            import psutil
-            used, device_peak, limit = psutil.Process().memory_info().rss, None, psutil.virtual_memory().total
-        self._peak_bytes = max(self._peak_bytes, used)
-        return used, device_peak, limit
-
-    def _peak(self, device_index=None):
-        _, device_peak, _ = self._usage(device_index)
-        if device_peak is not None and not self._peak_was_reset:
-            self._peak_bytes = max(self._peak_bytes, device_peak)  # the allocator's peak counts from process start
-        return self._peak_bytes
-
-    def _reset_peak(self, device_index=None):
-        self._peak_was_reset = True
-        self._peak_bytes = self._usage(device_index)[0]
+    # Memory management (memory.py): the figures DeepSpeed's accounting reads, per device.
+    def _device_of(self, device_index):
+        return runtime.torch_device(self._ordinal(device_index))
 
     def empty_cache(self):
         # XLA frees a buffer as soon as no tensor refers to it: there is no cache to empty.
         return None
 
     def memory_allocated(self, device_index=None):
-        return self._usage(device_index)[0]
+        return self._memory.usage(self._device_of(device_index))[0]
 
     def max_memory_allocated(self, device_index=None):
-        return self._peak(device_index)
+        return self._memory.peak(self._device_of(device_index))
 
     def reset_max_memory_allocated(self, device_index=None):
-        self._reset_peak(device_index)
+        self._memory.reset_peak(self._device_of(device_index))
 
     def memory_cached(self, device_index=None):
         return self.memory_allocated(device_index)
 
     def max_memory_cached(self, device_index=None):
-        return self._peak(device_index)
+        return self.max_memory_allocated(device_index)
 
     def reset_max_memory_cached(self, device_index=None):
-        self._reset_peak(device_index)
+        self.reset_max_memory_allocated(device_index)
 
     def memory_stats(self, device_index=None):
-        used, _, limit = self._usage(device_index)
-        peak = self._peak(device_index)
-        return {
-            "allocated_bytes.all.current": used,
-            "allocated_bytes.all.peak": peak,
-            "reserved_bytes.all.current": used,
-            "reserved_bytes.all.peak": peak,
-            "bytes_limit": limit,
-        }
+        return self._memory.stats(self._device_of(device_index))
 
     def reset_peak_memory_stats(self, device_index=None):
-        self._reset_peak(device_index)
+        self.reset_max_memory_allocated(device_index)
 
     def memory_reserved(self, device_index=None):
         return self.memory_allocated(device_index)
 
     def max_memory_reserved(self, device_index=None):
-        return self._peak(device_index)
+        return self.max_memory_allocated(device_index)
 
     def total_memory(self, device_index=None):
-        return self._usage(device_index)[2]
+        return self._memory.usage(self._device_of(device_index))[2]
 
     def available_memory(self, device_index=None):
-        info = runtime.memory_info(runtime.torch_device(self._ordinal(device_index)))
-        if info is not None:
-            return info["bytes_limit"] - info["bytes_used"]
-        import psutil
-        return psutil.virtual_memory().available
+        return self._memory.available(self._device_of(device_index))
 
     # Data types
     def is_bf16_supported(self):
         return True
 
     def is_fp16_supported(self):
-        return runtime.supports_fp16(runtime.device_type())
+        return runtime.supports_fp16(discovery.device_type())
 
     def is_fp64_supported(self):
         # DeepSpeed accumulates gradient norms in fp64 where this is true. TPUs have no
@@ -282,7 +225,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
 
     # Misc
     def is_available(self):
-        return runtime.local_device_count() > 0
+        return discovery.local_device_count() > 0
 
     def range_push(self, msg, domain=None, category=None):
         self._ranges.append(runtime.trace_range(msg))
@@ -338,7 +281,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         return False
 
     def on_accelerator(self, tensor):
-        return tensor.device.type == "xla"
+        return tensor.device.type == self._name
 
     # Op builders: see op_builder/__init__.py for the rule.
     def op_builder_dir(self):

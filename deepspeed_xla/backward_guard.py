@@ -26,7 +26,7 @@ class _StartRuntimeFirst:
     def run_backward(self, *args, **kwargs):
         Variable._execution_engine = self._engine
         try:
-            from . import runtime
+            from .backend import runtime
         except ImportError:  # no torch_xla: nothing to start (DeepSpeed's import will say so)
             pass
         else:

@@ -21,7 +21,9 @@ what tying makes them: the same Parameter object (`shared_params_by_identity`).
 
 import functools
 
-from .import_hooks import PostImportHook, arm, wrap_once
+from xla_host.import_hooks import PostImportHook, arm, wrap_once
+
+from .backend import DEVICE_TYPE
 
 ENGINE_MODULE = "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine"
 
@@ -30,7 +32,7 @@ def to_host(obj):
     """`obj` with every XLA tensor inside dicts, lists and tuples replaced by its host copy."""
     import torch
     if isinstance(obj, torch.Tensor):
-        if obj.device.type == "xla":
+        if obj.device.type == DEVICE_TYPE:
             host = obj.detach().cpu()
             return host.requires_grad_(obj.requires_grad) if obj.is_leaf and obj.is_floating_point() else host
         return obj
@@ -74,7 +76,7 @@ def shared_params_by_identity(engine, original):
     ds_id and other devices keep DeepSpeed's own answer)."""
     zero3 = engine.zero_optimization_partition_weights() and any(
         hasattr(param, "ds_id") for param in engine.module.parameters())
-    if zero3 or engine.device.type != "xla":
+    if zero3 or engine.device.type != DEVICE_TYPE:
         return original(engine)
     import deepspeed.comm as dist
     if dist.get_rank() != 0:

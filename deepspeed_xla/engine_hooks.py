@@ -6,7 +6,8 @@ where data_ptr() tells nothing (checkpointing.py). DeepSpeed's files are not tou
 """
 
 from . import checkpointing, step_graphs, zero_buffers
-from .import_hooks import PostImportHook, arm as arm_hook
+from xla_host.import_hooks import PostImportHook
+from xla_host.import_hooks import arm as arm_hook
 
 ENGINE_MODULE = "deepspeed.runtime.engine"
 

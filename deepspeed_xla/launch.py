@@ -16,11 +16,9 @@ DeepSpeed's files (the activation hook calls them, see _activation.py):
     `deepspeed --include localhost:0,1` works like `--num_gpus 2`.
   Neither step starts the XLA runtime: the parent must leave the devices to the workers.
 
-* In each worker, before torch_xla is imported (`apply_tpu_worker_env`): on a TPU host,
-  the per-process topology PyTorch/XLA's own spawn would give that process (one chip per
-  process, its own port, its task id), computed by `tpu_topology.worker_env` from the
-  host's topology and LOCAL_RANK/LOCAL_SIZE. It overrides the TPU_VISIBLE_CHIPS=0,1,..
-  that the launcher sets for all local ranks alike.
+* In each worker, before torch_xla is imported: on a TPU host, the per-process topology
+  PyTorch/XLA's own spawn would give that process (one chip per process, its own port, its
+  task id): backend/pjrt_env.py.
 """
 
 from __future__ import annotations
@@ -30,12 +28,13 @@ import os
 import sys
 from collections.abc import Mapping, MutableMapping
 
-from .import_hooks import PostImportHook, arm, wrap_once
+from xla_host import discovery
+from xla_host.import_hooks import PostImportHook, arm, wrap_once
+
+from .backend.pjrt_env import apply_tpu_worker_env
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 DEFAULT_ENV_FILE = ".deepspeed_env"
-# Set in a worker once its TPU topology is applied: "local_rank/local_size".
-TPU_ENV_APPLIED = "DS_XLA_TPU_WORKER_ENV"
 
 
 # -- the runner parent ----------------------------------------------------------------
@@ -99,14 +98,13 @@ def prepare_runner_environment(args, environ: MutableMapping[str, str] | None = 
     arguments). Never starts the XLA runtime."""
     environ = os.environ if environ is None else environ
     apply_env_files(environ)
-    from . import runtime
-    if runtime.device_type() != "CPU":
+    if discovery.device_type(environ) != "CPU":
         return
     needed = slots_needed(getattr(args, "include", ""), getattr(args, "exclude", ""))
-    if needed > runtime.local_device_count():
+    if needed > discovery.local_device_count(environ):
         # Emulated devices: as many as the slots asked for, for this runner and its workers
         # (whose own count comes from LOCAL_SIZE once the launcher has set it).
-        environ[runtime.CPU_DEVICES_ENV] = str(needed)
+        environ[discovery.CPU_DEVICES_ENV] = str(needed)
 
 
 def prepare_runner_from_argv(argv) -> None:
@@ -148,43 +146,3 @@ def install_launcher_hooks() -> None:
     from . import checkpointing
     checkpointing.install()  # DeepSpeed checkpoints from XLA hold host tensors
     arm(_RUNNER_HOOK)
-
-
-# -- each worker ----------------------------------------------------------------------
-def apply_tpu_worker_env(environ: MutableMapping[str, str] | None = None, *, topology=None,
-                         sysfs_root: str | None = None) -> dict[str, str] | None:
-    """On a TPU host, give this launcher-started worker its one-chip topology; returns what was set.
-
-    Does nothing (returns None) outside a launcher worker (no LOCAL_RANK and LOCAL_SIZE /
-    LOCAL_WORLD_SIZE), when PJRT_DEVICE names another device kind, on a host without TPU
-    chips, or when this process already has its worker env (children inherit it).
-    Must run before the XLA runtime starts; it reads no torch_xla. `topology` (a
-    tpu_topology.TpuTopology) replaces detection, for tests.
-    """
-    environ = os.environ if environ is None else environ
-    local_rank = environ.get("LOCAL_RANK")
-    local_size = environ.get("LOCAL_SIZE") or environ.get("LOCAL_WORLD_SIZE")
-    if local_rank is None or local_size is None:
-        return None
-    kind = environ.get("PJRT_DEVICE", "").strip().upper()
-    if kind and kind != "TPU":
-        return None
-    marker = f"{local_rank}/{local_size}"
-    if environ.get(TPU_ENV_APPLIED) == marker:
-        return None
-    from . import tpu_topology
-    if topology is None:
-        kwargs = {} if sysfs_root is None else {"sysfs_root": sysfs_root}
-        topology = tpu_topology.detect_topology(environ, **kwargs)
-        if topology is None:
-            return None
-    try:
-        values = tpu_topology.worker_env(topology, int(local_rank), int(local_size))
-    except ValueError as error:
-        raise RuntimeError(
-            f"deepspeed_xla: rank with LOCAL_RANK={local_rank} of {local_size} local processes cannot be given "
-            f"a TPU topology: {error} Start one process per chip (`deepspeed --num_gpus "
-            f"{topology.chips_per_host}`, or no --num_gpus) or a single process.") from None
-    environ.update(values)
-    environ[TPU_ENV_APPLIED] = marker
-    return values

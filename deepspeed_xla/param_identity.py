@@ -32,6 +32,8 @@ import warnings
 
 import torch
 
+from .backend import DEVICE_TYPE
+
 _original_apply = None
 
 
@@ -61,7 +63,7 @@ def uninstall():
 
 
 def _involves_xla(old, new):
-    return old.device.type == "xla" or new.device.type == "xla"
+    return old.device.type == DEVICE_TYPE or new.device.type == DEVICE_TYPE
 
 
 def _torch_handles_identity():

@@ -14,7 +14,7 @@ it.
 
 import torch
 
-from . import runtime
+from .backend import runtime
 
 _SEED_BYTES = 8
 

@@ -29,8 +29,9 @@ import threading
 
 import torch
 
-from . import runtime, xla_op_fixes
-from .import_hooks import wrap_once
+from xla_host.import_hooks import wrap_once
+
+from .backend import DEVICE_TYPE, op_fixes, runtime
 
 _in_engine_call = 0  # depth of engine.backward()/step() calls on this process's XLA device
 _engine_thread = None  # the thread that made the outermost of those calls
@@ -48,7 +49,7 @@ def _reads_cut_the_graph(method):
     @functools.wraps(method)
     def wrapper(engine, *args, **kwargs):
         global _in_engine_call, _engine_thread
-        on_xla = engine.device.type == "xla"
+        on_xla = engine.device.type == DEVICE_TYPE
         if on_xla and not _in_engine_call:
             _engine_thread = threading.get_ident()
         _in_engine_call += on_xla
@@ -67,7 +68,7 @@ def _ending_in_a_sync(when):
         @functools.wraps(method)
         def wrapper(engine, *args, **kwargs):
             result = method(engine, *args, **kwargs)
-            if engine.device.type == "xla" and when(engine):
+            if engine.device.type == DEVICE_TYPE and when(engine):
                 runtime.sync(wait=False)
             return result
 
@@ -86,7 +87,7 @@ def _always(engine):
 
 def install(engine_module):
     """Cut DeepSpeedEngine's graphs before host reads in backward/step and after step (idempotent)."""
-    xla_op_fixes.replace_xla_kernels({"_local_scalar_dense": _read_scalar})
+    op_fixes.replace_xla_kernels({"_local_scalar_dense": _read_scalar})
     engine = engine_module.DeepSpeedEngine
     for name, when in (("backward", _zero3), ("step", _always)):
         wrap_once(engine, name, lambda method, when=when: _reads_cut_the_graph(_ending_in_a_sync(when)(method)))

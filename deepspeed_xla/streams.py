@@ -9,7 +9,7 @@ to know work is done. Events record a host timestamp after such a wait when timi
 enabled, so `elapsed_time` measures device work, not tracing time.
 """
 
-from . import runtime
+from .backend import runtime
 
 
 class Stream:

@@ -12,8 +12,7 @@ sparse embedding's backward: `NotImplementedError ... 'SparseXLA' backend`).
 
 import torch
 
-DEFAULT_COMPILE_BACKEND = "openxla"  # torch.compile's backend that hands the graph to XLA
-COMPILE_BACKENDS = (DEFAULT_COMPILE_BACKEND, "openxla_eval", "eager", "aot_eager")
+from .backend import COMPILE_BACKENDS, DEFAULT_COMPILE_BACKEND, DEVICE_TYPE
 
 
 class UnsupportedOnXla(ValueError):
@@ -23,7 +22,7 @@ class UnsupportedOnXla(ValueError):
 def _refuse_sparse_training(module, args):
     if isinstance(module, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and module.sparse:
         weight = module.weight
-        if torch.is_grad_enabled() and weight.requires_grad and weight.device.type == "xla":
+        if torch.is_grad_enabled() and weight.requires_grad and weight.device.type == DEVICE_TYPE:
             raise UnsupportedOnXla(
                 f"deepspeed_xla: {type(module).__name__}({weight.shape[0]}, {weight.shape[1]}, sparse=True) cannot "
                 "train on XLA, which has no sparse gradients; build it with sparse=False (the gradient values are "

@@ -37,7 +37,9 @@ it); CPU offload turns it back on inside DeepSpeed, where the buffer is host mem
 
 import functools
 
-from .import_hooks import wrap_once
+from xla_host.import_hooks import wrap_once
+
+from .backend import DEVICE_TYPE
 
 BUCKET_SIZE_ACCESSORS = ("zero_reduce_bucket_size", "zero_allgather_bucket_size", "zero_prefetch_bucket_size")
 
@@ -76,7 +78,7 @@ def _flattened(accessor):
     @functools.wraps(accessor)
     def wrapper(engine):
         configured = accessor(engine)
-        if (engine.device.type != "xla" or engine.zero_optimization_stage() not in (1, 2)
+        if (engine.device.type != DEVICE_TYPE or engine.zero_optimization_stage() not in (1, 2)
                 or getattr(engine, "has_moe_layers", False)):
             return configured
         return False

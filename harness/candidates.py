@@ -20,11 +20,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from deepspeed_xla._activation import REAL_ACCELERATOR
-from deepspeed_xla.import_hooks import PostImportHook
+from xla_host.import_hooks import REAL_ACCELERATOR, PostImportHook
 
 _DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
 DEFAULT_SPEC = "deepspeed_xla"
+# The harness sets it ('highest' on TPU) for every candidate's processes; deepspeed_xla reads it too.
+MATMUL_PRECISION_ENV = "DS_XLA_MATMUL_PRECISION"
 _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _FORMS = "expected deepspeed_xla, in-tree[:NAME], module:Class or path/to/file.py:Class"
@@ -207,7 +208,14 @@ def install(spec):
         raise installer.error
     if deepspeed.accelerator.get_accelerator() is not installer.accelerator:
         raise CandidateError(f"candidate {spec.text}: DeepSpeed replaced it with another accelerator during import")
-    # The precision the harness compares at (deepspeed_xla applies DS_XLA_MATMUL_PRECISION itself).
-    from deepspeed_xla.runtime import apply_matmul_precision
-    apply_matmul_precision()
+    _set_comparison_precision()
     return installer.accelerator
+
+
+def _set_comparison_precision(environ=os.environ):
+    """The fp32 matmul precision the harness compares at, for candidates that do not read
+    MATMUL_PRECISION_ENV themselves (deepspeed_xla does): TPUs multiply fp32 in bf16 passes by default."""
+    precision = environ.get(MATMUL_PRECISION_ENV, "").strip().lower()
+    if precision:
+        import torch_xla.backends
+        torch_xla.backends.set_mat_mul_precision(precision)

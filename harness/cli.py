@@ -131,7 +131,7 @@ def _plan(args):
     if device_count < 1:
         raise UsageError(f"--backend {args.backend}: no {device_kind} devices found on this host")
     if args.backend == "tpu":
-        from deepspeed_xla.tpu_topology import chip_holders_line  # /proc only: the chips stay untouched
+        from xla_host.tpu_topology import chip_holders_line  # /proc only: the chips stay untouched
         holders = chip_holders_line()
         if holders:
             raise UsageError(f"--backend tpu: {holders}")
@@ -248,7 +248,7 @@ def run(args):
     env = candidate_env.child_env(spec, os.environ)
     env["PJRT_DEVICE"] = PJRT_DEVICE[args.backend]
     if args.backend == "tpu":  # compare fp32 at full precision: TPUs multiply fp32 in bf16 passes by default
-        env.setdefault("DS_XLA_MATMUL_PRECISION", "highest")
+        env.setdefault(candidates.MATMUL_PRECISION_ENV, "highest")
     env[OUT_ENV] = str(out)
     command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
                "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference,

@@ -14,6 +14,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from .candidates import MATMUL_PRECISION_ENV
 from .paths import REPO
 
 # Variables that change what a run means; nothing else from the environment is recorded.
@@ -69,13 +70,13 @@ def devices(backend):
             return str(kind), count
     except (ImportError, OSError, AssertionError):
         pass
-    from deepspeed_xla.tpu_topology import count_tpu_chips  # PCI sysfs probe, no torch_xla import
+    from xla_host.tpu_topology import count_tpu_chips  # PCI sysfs probe, no torch_xla import
     return os.environ.get("TPU_ACCELERATOR_TYPE", "TPU"), count_tpu_chips()
 
 
 def tpu_slice():
     """{tpu_topology, tpu_hosts} of this TPU VM's slice (metadata server or TPU_* variables), for the report."""
-    from deepspeed_xla.tpu_topology import detect_topology
+    from xla_host.tpu_topology import detect_topology
     try:
         topology = detect_topology()
     except RuntimeError as err:
@@ -116,7 +117,7 @@ def fingerprint(backend, candidate_text, device_kind, device_count, env):
         "candidate": candidate_text,
         "collective_transport": collective_transport(candidate_text, backend, env),
         # PJRT CPU multiplies fp32 in fp32 whatever the setting; TPUs use bf16 passes unless told otherwise
-        "matmul_precision": env.get("DS_XLA_MATMUL_PRECISION") or "torch_xla default",
+        "matmul_precision": env.get(MATMUL_PRECISION_ENV) or "torch_xla default",
         "harness_revision": git_revision(REPO),
         "env": {name: env[name] for name in ENV_ALLOWLIST if name in env},
     }

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from deepspeed_xla.tpu_topology import PCI_DEVICES, chip_holders_line, count_tpu_chips  # noqa: E402
+from xla_host.tpu_topology import PCI_DEVICES, chip_holders_line, count_tpu_chips  # noqa: E402
 
 
 def preflight(sysfs_root=PCI_DEVICES, proc_root="/proc", own_pid=None):

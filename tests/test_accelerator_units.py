@@ -12,11 +12,12 @@ import pytest
 import torch
 import torch_xla
 
-from deepspeed_xla import runtime
 from deepspeed_xla.accelerator import XLA_Accelerator
+from deepspeed_xla.backend import runtime
 from deepspeed_xla.op_builder import NotAvailableOnXlaBuilder, get_builder_class
 from deepspeed_xla.op_builder.torch_native import multi_tensor_adam, multi_tensor_lion
 from deepspeed_xla.rng import seeds_to_state, state_to_seeds
+from xla_host import discovery
 
 XLA = torch_xla.device()
 
@@ -54,7 +55,7 @@ def test_cpu_device_count_rule(monkeypatch, env, expected):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
-    assert runtime.local_device_count() == expected, f"PJRT CPU device count with {env}"
+    assert discovery.local_device_count() == expected, f"PJRT CPU device count with {env}"
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2**63 + 12345, 2**64 - 1])

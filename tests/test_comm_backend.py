@@ -26,8 +26,8 @@ def test_transport_can_be_forced():
 
 def test_transport_choice_does_not_start_the_runtime():
     # In a fresh process: this one may have started the runtime for other tests.
-    code = ("from deepspeed_xla import comm, runtime\n"
-            "print(comm.transport_for(runtime.device_type()), runtime.is_initialized())")
+    code = ("from xla_host import discovery\nfrom deepspeed_xla import comm\nfrom deepspeed_xla.backend import runtime\n"
+            "print(comm.transport_for(discovery.device_type()), runtime.is_initialized())")
     proc = subprocess.run([sys.executable, "-c", code], env=dict(os.environ, PJRT_DEVICE="CPU"), capture_output=True,
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -60,9 +60,9 @@ class _Options:
 
 
 def test_process_group_on_tpu_is_native_with_global_ranks(monkeypatch):
-    from deepspeed_xla import runtime
     from deepspeed_xla.comm.native import XlaNativeProcessGroup
-    monkeypatch.setattr(runtime, "device_type", lambda: "TPU")
+    from xla_host import discovery
+    monkeypatch.setattr(discovery, "device_type", lambda: "TPU")
     monkeypatch.setenv(comm.TIMEOUT_ENV, "7")
     group = comm._create_process_group(_Options())
     assert isinstance(group, XlaNativeProcessGroup)

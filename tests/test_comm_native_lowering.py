@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceScatterOptions
 
-from deepspeed_xla import runtime
+from deepspeed_xla.backend import runtime
 from deepspeed_xla.comm import CollectiveError
 from deepspeed_xla.comm.native import XlaNativeProcessGroup, replica_groups
 

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_xla import launch, tpu_topology
+from deepspeed_xla import launch
+from deepspeed_xla.backend import pjrt_env
+from xla_host import tpu_topology
 from harness.candidates import parse_spec
 from harness.launching import launch as run_launcher
 from harness.paths import FIXTURES
@@ -87,8 +89,8 @@ def launcher_worker_env(local_rank, local_size="4"):
 @pytest.mark.parametrize("local_rank", range(4))
 def test_tpu_worker_gets_spawn_topology(local_rank):
     environ = launcher_worker_env(local_rank)
-    applied = launch.apply_tpu_worker_env(environ, topology=V4_8)
-    expected = tpu_topology.worker_env(V4_8, local_rank, 4)
+    applied = pjrt_env.apply_tpu_worker_env(environ, topology=V4_8)
+    expected = pjrt_env.worker_env(V4_8, local_rank, 4)
     assert applied == expected
     assert environ["TPU_VISIBLE_CHIPS"] == str(local_rank), "the launcher's 0,1,2,3 must be overridden"
     assert environ["PJRT_LOCAL_PROCESS_RANK"] == str(local_rank)
@@ -108,11 +110,11 @@ def test_tpu_worker_env_detected_from_fake_host(tmp_path):
         (bus / device.name).symlink_to(device)
     environ = dict(launcher_worker_env(2), TPU_SKIP_MDS_QUERY="1", TPU_ACCELERATOR_TYPE="v4-8",
                    TPU_HOST_BOUNDS="1,1,1", TPU_CHIPS_PER_HOST_BOUNDS="2,2,1", TPU_WORKER_ID="0")
-    applied = launch.apply_tpu_worker_env(environ, sysfs_root=str(bus))
+    applied = pjrt_env.apply_tpu_worker_env(environ, sysfs_root=str(bus))
     assert applied["TPU_VISIBLE_CHIPS"] == "2" and environ["TPU_VISIBLE_CHIPS"] == "2"
     assert environ["CLOUD_TPU_TASK_ID"] == "2"
     # A child of this worker inherits the env and must not redo it.
-    assert launch.apply_tpu_worker_env(environ, sysfs_root=str(bus)) is None
+    assert pjrt_env.apply_tpu_worker_env(environ, sysfs_root=str(bus)) is None
 
 
 @pytest.mark.parametrize("environ", [
@@ -121,18 +123,18 @@ def test_tpu_worker_env_detected_from_fake_host(tmp_path):
 ])
 def test_tpu_worker_env_leaves_other_processes_alone(environ):
     before = dict(environ)
-    assert launch.apply_tpu_worker_env(environ, topology=V4_8) is None
+    assert pjrt_env.apply_tpu_worker_env(environ, topology=V4_8) is None
     assert environ == before
 
 
 def test_tpu_worker_env_without_chips_is_a_no_op(tmp_path):
     environ = launcher_worker_env(0)
-    assert launch.apply_tpu_worker_env(environ, sysfs_root=str(tmp_path)) is None
+    assert pjrt_env.apply_tpu_worker_env(environ, sysfs_root=str(tmp_path)) is None
 
 
 def test_tpu_worker_env_names_a_bad_process_count():
     with pytest.raises(RuntimeError, match=r"LOCAL_RANK=0 of 2 local processes.*--num_gpus 4"):
-        launch.apply_tpu_worker_env(launcher_worker_env(0, local_size="2"), topology=V4_8)
+        pjrt_env.apply_tpu_worker_env(launcher_worker_env(0, local_size="2"), topology=V4_8)
 
 
 # -- the runner parent --------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""deepspeed_xla.tpu_topology against PyTorch/XLA's own per-process TPU setup.
+"""xla_host.tpu_topology and deepspeed_xla.backend.pjrt_env against PyTorch/XLA's own per-process TPU setup.
 
 No TPU is needed: torch_xla is fed simulated TPU metadata through
 `torch_xla._internal.tpu._get_metadata`, the one function through which its
@@ -20,8 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_xla import tpu_topology
-from deepspeed_xla.tpu_topology import TpuTopology, count_tpu_chips, detect_topology, worker_env
+from deepspeed_xla.backend.pjrt_env import worker_env
+from xla_host import tpu_topology
+from xla_host.tpu_topology import TpuTopology, count_tpu_chips, detect_topology
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -325,24 +326,28 @@ def test_detect_topology_when_metadata_server_is_unreachable(tmp_path, monkeypat
         detect_topology({}, sysfs_root=bus)
 
 
-def test_detection_leaves_xla_runtime_uninitialised(tmp_path):
-    """The launcher process must not start the runtime: that would claim the workers' chips."""
+def test_launcher_safe_modules_never_import_torch_xla(tmp_path):
+    """Discovery (device kind and count, TPU topology, the worker environment) runs in the launcher
+    parent, which must not start the XLA runtime (it would claim the workers' chips): these
+    modules, imported and used in a fresh interpreter, leave torch_xla unimported."""
     bus = make_pci_tree(tmp_path, [(GOOGLE, "0x005e")] * 4)
     script = """
 import sys
-import deepspeed_xla
-had_torch_xla = "torch_xla" in sys.modules
-from deepspeed_xla import tpu_topology
-tpu_topology.count_tpu_chips()
+from xla_host import discovery, import_hooks, tpu_topology
+from deepspeed_xla import backend, launch
+from deepspeed_xla.backend import pjrt_env
 environ = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v4-8", "TPU_PROCESS_BOUNDS": "1,1,1",
            "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1", "TPU_WORKER_ID": "0"}
+assert tpu_topology.count_tpu_chips(sys.argv[1]) == 4
 topology = tpu_topology.detect_topology(environ, sysfs_root=sys.argv[1])
-tpu_topology.worker_env(topology, 0, topology.chips_per_host)
-if ("torch_xla" in sys.modules) != had_torch_xla:
-    sys.exit("importing and using deepspeed_xla.tpu_topology imported torch_xla")
-import torch_xla
-if torch_xla._XLAC._xla_runtime_is_initialized():
-    sys.exit("detect_topology/count_tpu_chips/worker_env initialised the XLA runtime")
+pjrt_env.worker_env(topology, 0, topology.chips_per_host)
+assert discovery.device_type({"PJRT_DEVICE": "CPU"}) == "CPU"
+assert discovery.local_device_count({"PJRT_DEVICE": "CPU", "DS_XLA_CPU_DEVICES": "3"}) == 3
+worker = {"LOCAL_RANK": "1", "LOCAL_SIZE": "4", "PJRT_DEVICE": "TPU"}
+pjrt_env.apply_tpu_worker_env(worker, topology=topology)
+assert worker["TPU_VISIBLE_CHIPS"] == "1", worker
+if "torch_xla" in sys.modules:
+    sys.exit("the launcher-safe modules imported torch_xla")
 """
     result = subprocess.run([sys.executable, "-c", script, str(bus)], cwd=REPO,
                             capture_output=True, text=True, timeout=300)

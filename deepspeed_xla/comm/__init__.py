@@ -11,7 +11,7 @@ One backend name, two transports, chosen per process by the XLA device kind:
 
 Both are registered with torch.distributed the standard way, so DeepSpeed's
 `init_distributed` picks them up through `communication_backend_name()` unchanged.
-The device kind comes from `runtime.device_type()`, which reads the environment and
+The device kind comes from `xla_host.discovery.device_type()`, which reads the environment and
 the PCI bus only: choosing a transport never starts the XLA runtime.
 
 Failures name the rank and the operation (`CollectiveError`). A rank that waits for a
@@ -68,11 +68,11 @@ def collective_timeout(default, environ=None):
 
 
 def _create_process_group(options, backend_options=None):
-    from .. import runtime
+    from xla_host import discovery
     size = options.group_size
     global_ranks = list(options.global_ranks_in_group) or list(range(size))
     timeout = collective_timeout(options.timeout)
-    if transport_for(runtime.device_type()) == BRIDGE:
+    if transport_for(discovery.device_type()) == BRIDGE:
         from .bridge import HostBridgeProcessGroup
         return HostBridgeProcessGroup(options.store, options.group_rank, size, timeout, global_ranks)
     from .native import XlaNativeProcessGroup

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
 
-from .. import runtime
+from ..backend import runtime
 from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments, describe
 
 

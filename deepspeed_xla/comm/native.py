@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import ProcessGroup
 
-from .. import runtime
+from ..backend import runtime
 from . import BACKEND_NAME, CollectiveError, arguments, describe
 
 

@@ -1,15 +1,10 @@
-"""The per-process TPU environment that PyTorch/XLA's own spawn would set, as a pure function.
+"""A TPU VM host's slice as Cloud TPU describes it, its chips on the PCI bus, and who holds them.
 
-When PyTorch/XLA starts one process per chip (`xmp.spawn`), each child calls
-`torch_xla._internal.pjrt.initialize_multiprocess`, which writes a few variables into its
-own `os.environ` (`tpu.configure_topology`) just before the runtime starts, so that every
-process drives exactly one chip. DeepSpeed's launcher starts the workers itself and gives
-each one an environment dict, so the accelerator needs those same variables computed in
-the launcher, for every local rank, without touching `os.environ`.
-
-Nothing here imports torch_xla: the launcher process must never start the XLA runtime
-(a started runtime claims the chips its workers need), and detecting the topology only
-takes TPU metadata and PCI sysfs, which this module reads itself the way torch_xla does.
+`detect_topology` reads the slice from the GCE metadata server (or the TPU_* variables on
+GKE), `count_tpu_chips` counts chips on PCI sysfs the way torch_xla does, and `chip_holders_line`
+names the processes that hold chips open (/proc). Nothing here imports torch_xla: a process
+that starts the XLA runtime claims the chips, and the launcher parent, the harness's
+environment report and the preflight must leave them to the workers.
 """
 
 from __future__ import annotations
@@ -103,64 +98,6 @@ class TpuTopology:
     @property
     def chips_per_host(self) -> int:
         return math.prod(self.chips_per_host_bounds)
-
-
-def worker_env(topology: TpuTopology, local_rank: int, local_world_size: int,
-               base_port: int = 8476) -> dict[str, str]:
-    """The variables PyTorch/XLA's spawn would set for local process `local_rank` of this host.
-
-    With one process per chip (`local_world_size == topology.chips_per_host`) this is
-    what `pjrt.initialize_multiprocess` sets through `tpu.configure_topology`: each
-    process sees only chip `local_rank`, the slice becomes a grid of one-chip processes,
-    and every process listens on `base_port + local_rank` of its host.
-
-    A single process on a single-host slice gets what `xmp.spawn(nprocs=1)` sets through
-    `tpu.configure_one_chip_topology`: chip 0 alone. Other process counts are refused,
-    because torch_xla has no layout for a process per some, but not all, chips.
-    """
-    chips = topology.chips_per_host
-    if local_world_size < 1 or local_world_size > chips:
-        raise ValueError(f"local_world_size={local_world_size} must be between 1 and the "
-                         f"{chips} TPU chips of a {topology.accelerator_type} host.")
-    single_process = local_world_size == 1 and chips > 1
-    if local_world_size != chips and not (single_process and topology.num_hosts == 1):
-        raise ValueError(f"local_world_size={local_world_size} must be {chips}, one process "
-                         f"per chip of a {topology.accelerator_type} host (or 1 on a "
-                         f"single-host slice).")
-    if not 0 <= local_rank < local_world_size:
-        raise ValueError(f"local_rank={local_rank} must be in 0..{local_world_size - 1} "
-                         f"for local_world_size={local_world_size}.")
-    if not 0 < base_port <= 65536 - local_world_size:
-        raise ValueError(f"base_port={base_port} leaves no room for {local_world_size} "
-                         f"consecutive TCP ports below 65536.")
-
-    if single_process:
-        return {
-            "PJRT_LOCAL_PROCESS_COUNT": "1",
-            "TPU_VISIBLE_CHIPS": "0",
-            "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-            "TPU_PROCESS_BOUNDS": "1,1,1",
-        }
-
-    # One process per chip: the grid of hosts times the grid of chips on each host.
-    process_bounds = ",".join(
-        str(h * c) for h, c in zip(topology.host_bounds, topology.chips_per_host_bounds))
-    if topology.version == 7:
-        process_bounds += ",2"  # torch_xla adds a fourth bound on v7 only
-    # torch_xla addresses a one-host slice as localhost, whatever the metadata lists.
-    hosts = topology.worker_ips if topology.num_hosts > 1 else ("localhost",)
-    ports = range(base_port, base_port + local_world_size)
-    return {
-        "PJRT_LOCAL_PROCESS_RANK": str(local_rank),
-        "PJRT_LOCAL_PROCESS_COUNT": str(local_world_size),
-        "TPU_VISIBLE_CHIPS": str(local_rank),
-        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
-        "TPU_PROCESS_BOUNDS": process_bounds,
-        # Assumes, like torch_xla, the same number of processes on every host.
-        "CLOUD_TPU_TASK_ID": str(topology.worker_id * local_world_size + local_rank),
-        "TPU_PROCESS_ADDRESSES": ",".join(f"{host}:{port}" for host in hosts for port in ports),
-        "TPU_PROCESS_PORT": str(ports[local_rank]),
-    }
 
 
 def count_tpu_chips(sysfs_root: str | os.PathLike = PCI_DEVICES) -> int:

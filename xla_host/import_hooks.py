@@ -1,4 +1,4 @@
-"""Run code right after a DeepSpeed module loads, without editing DeepSpeed's files.
+"""Run code right after a module (DeepSpeed's) loads, without editing its files.
 
 DeepSpeed fixes some choices while its modules import (its accelerator, the op builders
 bound to it, the launcher's entry point). A `PostImportHook` on `sys.meta_path` wraps one
@@ -11,8 +11,12 @@ import importlib.abc
 import importlib.machinery
 import sys
 
+REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"  # DeepSpeed picks its accelerator while this loads
+
 
 class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """A meta-path finder for one module name whose loader runs `on_loaded(module)` after the module
+    executes, and `on_run_as_main()` before its code when `python -m` runs it."""
 
     def __init__(self, module_name, on_loaded, on_run_as_main=None):
         self.module_name = module_name
@@ -48,12 +52,12 @@ class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 def wrap_once(owner, name, wrap):
     """Replace `owner.name` with `wrap(original)` unless it is already one of ours (a wrapper
-    carries `_deepspeed_xla`), so that arming twice never wraps twice."""
+    carries `_wrapped_once`), so that arming twice never wraps twice."""
     original = getattr(owner, name)
-    if getattr(original, "_deepspeed_xla", False):
+    if getattr(original, "_wrapped_once", False):
         return
     wrapper = wrap(original)
-    wrapper._deepspeed_xla = True
+    wrapper._wrapped_once = True
     setattr(owner, name, wrapper)
 
 

@@ -1,57 +1,20 @@
-"""Every call into torch_xla lives here.
+"""Every runtime call into torch_xla: devices, graphs, host transfers, RNG, memory, collectives.
 
-The rest of the package (accelerator, streams, communication backend) talks to
-this module only, so another TPU backend can replace torch_xla by replacing this
-file. Functions that the launcher parent calls (`device_type`, `local_device_count`)
-never initialise the XLA runtime: on a TPU VM the process that initialises it owns
-the chips, and the parent must leave them to the workers.
+The rest of the package (accelerator, streams, communication backend) talks to this module
+only; docs/backends.md maps each function onto what a second TPU backend would supply.
+Device kind and count, which the launcher parent needs without starting the runtime, are
+in xla_host.discovery.
 """
 
+import functools
 import os
 import time
-
-import functools
 
 import torch
 import torch_xla
 import torch_xla.core.xla_model as xm
 import torch_xla.utils.dlpack as xla_dlpack
 from torch.utils.dlpack import from_dlpack as torch_from_dlpack
-
-
-# PJRT CPU: how many emulated devices (one per rank) a single host offers when no
-# launcher has said how many local ranks there are.
-CPU_DEVICES_ENV = "DS_XLA_CPU_DEVICES"
-
-
-def device_type():
-    """The PJRT device kind ("TPU", "CPU", ...) without initialising the runtime.
-
-    PyTorch/XLA picks TPU when no PJRT_DEVICE is set and a TPU is attached, and CPU
-    otherwise; this mirrors that choice from the environment and the PCI bus.
-    """
-    explicit = os.environ.get("PJRT_DEVICE")
-    if explicit:
-        return explicit.upper()
-    from .tpu_topology import count_tpu_chips
-    return "TPU" if count_tpu_chips() > 0 else "CPU"
-
-
-def local_device_count():
-    """Devices on this host that DeepSpeed may start one rank each on.
-
-    TPU: chips on the PCI bus (one process per chip, as PyTorch/XLA's own spawn does).
-    PJRT CPU: the emulated device count: the launcher's local world size inside a
-    worker, else DS_XLA_CPU_DEVICES, else 1.
-    """
-    if device_type() == "TPU":
-        from .tpu_topology import count_tpu_chips
-        return count_tpu_chips()
-    for name in ("LOCAL_WORLD_SIZE", "LOCAL_SIZE", CPU_DEVICES_ENV):
-        value = os.environ.get(name)
-        if value:
-            return int(value)
-    return 1
 
 
 def is_initialized():
