@@ -21,9 +21,9 @@ import tempfile
 from pathlib import Path
 
 from . import (candidate_env, candidates, curves, environment, expectations, outcomes, process_group, references,
-               report_diff, report_json, report_junit, report_md, run_dir, suites, training_cases, upstream)
+               report_diff, report_files, report_json, run_dir, suites, training_cases, upstream)
 from .paths import BENCHMARKS, REPO
-from .plugin import OUT_ENV
+from .run_dir import OUT_ENV
 
 PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
 # pytest exit codes after which the child ran what it collected (0 passed, 1 failures, 5 nothing)
@@ -54,9 +54,7 @@ def _parser():
     run.add_argument("--timeout", type=int, default=600, help="seconds one check may take (default 600)")
     run.add_argument("--repeat", type=int, default=1,
                      help="run every selected check N times; a check whose status changes is reported flaky (default 1)")
-    run.add_argument("--reference", choices=references.MODES, default="live",
-                     help="CPU reference curves of the zero, pipeline and scripts cases: trained live in this run "
-                          "(default), or stored in fixtures/references/ (used only where fresh for this stack)")
+    run.add_argument("--reference", **references.REFERENCE_OPTION)
     run.add_argument("pytest_args", nargs=argparse.REMAINDER, help="after --: extra pytest arguments (e.g. -k)")
     record = commands.add_parser("references", help="train and store the CPU reference curve of every training case "
                                  f"({references.REFERENCES.relative_to(REPO)}/)")
@@ -102,8 +100,7 @@ def run_benchmarks(args):
         report = json.loads(report_path.read_text())
         ran = {table["benchmark"] for table in tables}
         report["performance"] = [t for t in report.get("performance", []) if t["benchmark"] not in ran] + tables
-        report_json.write(report, report_path)
-        report_md.write(report, report_path.parent / "report.md")
+        report_files.rewrite_summaries(report, report_path.parent)
         print(f"harness: performance tables added to {report_path.parent}/report.md", flush=True)
     return 1 if any(table["exit"] for table in tables) else 0
 
@@ -175,10 +172,9 @@ def _run_isolating_crashes(command, targets, pytest_args, env, parts):
         if collected is None or not crashed:
             return returncode, interrupted
         for nodeid in crashed:
-            report_json.append_result(parts, {
-                "id": nodeid, "status": "error", "duration_s": 0.0, "evidence": {}, "traceback": "",
-                "message": f"the check's process ended ({process_group.how_it_ended(returncode)}) before the check finished; "
-                           "the other checks ran on in a new process"})
+            report_json.append_lost_check(
+                parts, nodeid, f"the check's process ended ({process_group.how_it_ended(returncode)}) before the check "
+                               "finished; the other checks ran on in a new process")
         done = set(started)
         pending = [nodeid for nodeid in collected if nodeid not in done]
         print(f"harness: {crashed[-1]} ended its process ({process_group.how_it_ended(returncode)}); "
@@ -216,14 +212,8 @@ def finish(*, out, run_id, suite, expected, env_fingerprint, child_rcs, interrup
                                environment=env_fingerprint, complete=complete, unmatched_expectations=unmatched,
                                artifacts=artifacts)
     report["repeat"] = len(child_rcs)
-    report_json.write(report, out / "report.json")
-    report_junit.write(results, out / "parts", out / "junit.xml")
-    report_md.write(report, out / "report.md")
+    report_files.write(report, results, out)
     return report
-
-
-def exit_status(report):
-    return 0 if report["complete"] and not any(report["summary"][s] for s in report_json.FAILING) else 1
 
 
 def _summary_line(report):
@@ -283,7 +273,7 @@ def run(args):
         print(f"harness: expected failure passed: {test_id}")
     print(f"harness: {_summary_line(report)}")
     print(f"harness: report: {out / 'report.md'} (report.json, junit.xml; latest: {latest})")
-    return exit_status(report)
+    return report_files.exit_status(report)
 
 
 def record_references(args):

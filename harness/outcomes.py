@@ -50,6 +50,23 @@ def status_of(reports):
     return "passed", call
 
 
+def build_result(nodeid, status, message="", *, area=None, method=None, duration_s=0.0, evidence=None, traceback=""):
+    """One report.json result: every record of every run (checks, crashes, upstream verdicts) is built here.
+
+    `status` is one of report_json.STATUSES; `message` (one paragraph, clipped to MESSAGE_LIMIT
+    characters) says what happened; `evidence` is the check's own dict; `traceback` is clipped."""
+    return {
+        "id": nodeid,
+        "area": area,
+        "method": method,
+        "status": status,
+        "message": _clip(message.strip(), MESSAGE_LIMIT),
+        "duration_s": round(duration_s, 4),
+        "evidence": evidence or {},
+        "traceback": _clip(traceback, TRACEBACK_LIMIT),
+    }
+
+
 def result_record(nodeid, reports):
     """The report.json result for a test (without expectations applied)."""
     status, deciding = status_of(reports)
@@ -69,17 +86,10 @@ def result_record(nodeid, reports):
         if status in ("failed", "error"):
             if deciding.when != "call":
                 message = f"error in {deciding.when}: {message}"
-            traceback = _clip(getattr(deciding, "longreprtext", "") or "", TRACEBACK_LIMIT)
-    return {
-        "id": nodeid,
-        "area": meta.get("area"),
-        "method": meta.get("method"),
-        "status": status,
-        "message": _clip(message.strip(), MESSAGE_LIMIT),
-        "duration_s": round(sum(getattr(r, "duration", 0.0) for r in reports), 4),
-        "evidence": properties.get("evidence") or {},
-        "traceback": traceback,
-    }
+            traceback = getattr(deciding, "longreprtext", "") or ""
+    return build_result(nodeid, status, message, area=meta.get("area"), method=meta.get("method"),
+                  duration_s=sum(getattr(r, "duration", 0.0) for r in reports), evidence=properties.get("evidence"),
+                  traceback=traceback)
 
 
 def merge_attempts(attempts, last_interrupted=False):

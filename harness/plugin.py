@@ -14,12 +14,10 @@ from pathlib import Path
 import pytest
 
 from . import candidate_env, candidates, checklist, environment, references
-from .outcomes import TIMEOUT_MARK, result_record
+from .outcomes import TIMEOUT_MARK, build_result, result_record
+from .run_dir import OUT_ENV, RESULTS_FILE, SESSION_FILE
 from .suites import AREAS, SUITES, area_of_module, selects
 
-OUT_ENV = "HARNESS_OUT"
-RESULTS_FILE = "results.jsonl"
-SESSION_FILE = "session.json"
 CANDIDATE_RESULT_ID = "candidate"
 
 
@@ -27,9 +25,7 @@ def pytest_addoption(parser):
     group = parser.getgroup("harness")
     group.addoption("--harness-out", default=os.environ.get(OUT_ENV),
                     help="run directory: results are streamed to <dir>/parts/")
-    group.addoption("--reference", dest="harness_reference", default="live", choices=references.MODES,
-                    help="CPU reference curves: trained live in this run (default), or the stored ones "
-                         "(fixtures/references/) where fresh for this stack")
+    group.addoption("--reference", dest="harness_reference", **references.REFERENCE_OPTION)
     group.addoption("--harness-suite", default="all", choices=sorted(SUITES),
                     help="the suite being run: a selective one (smoke) deselects the checks it does not name")
 
@@ -69,9 +65,8 @@ class HarnessSession:
             self.stream = open(self.parts / RESULTS_FILE, "a", encoding="utf-8")
             self._write_session(finished=False)
             if self.candidate_error is not None:
-                self._emit({"event": "result", "id": CANDIDATE_RESULT_ID, "area": "candidate", "method": None,
-                            "status": "error", "message": self.candidate_error, "duration_s": 0.0,
-                            "evidence": {}, "traceback": ""})
+                self._emit({"event": "result",
+                            **build_result(CANDIDATE_RESULT_ID, "error", self.candidate_error, area="candidate")})
 
     # What the candidate and the checklist were, for the report.
     def _write_session(self, finished, exitstatus=None):
@@ -160,10 +155,9 @@ class HarnessSession:
 
     def pytest_collectreport(self, report):
         if self.recording and report.failed:
-            self._emit({"event": "result", "id": report.nodeid, "area": area_of_module(report.nodeid),
-                        "method": None, "status": "error",
-                        "message": f"collection error: {report.longreprtext.strip().splitlines()[-1]}",
-                        "duration_s": 0.0, "evidence": {}, "traceback": report.longreprtext[-8000:]})
+            self._emit({"event": "result", **build_result(
+                report.nodeid, "error", f"collection error: {report.longreprtext.strip().splitlines()[-1]}",
+                area=area_of_module(report.nodeid), traceback=report.longreprtext[-8000:])})
 
     def pytest_sessionfinish(self, session, exitstatus):
         if not self.recording:

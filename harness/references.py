@@ -28,6 +28,10 @@ from .training import TrainingFailed
 SAME_WITHIN = 0.1
 BACKEND = "cpu"  # DeepSpeed's CPU accelerator; the layout leaves room for others (a CUDA reference)
 MODES = ("live", "stored")
+# `--reference`, as `python -m harness run` and the pytest plugin both take it.
+REFERENCE_OPTION = {"choices": MODES, "default": "live",
+                    "help": "CPU reference curves of the zero, pipeline and scripts cases: trained live in this run "
+                            "(default), or stored in fixtures/references/ (used only where fresh for this stack)"}
 
 
 @dataclasses.dataclass

@@ -4,7 +4,8 @@ import json
 from pathlib import Path
 
 from . import checklist
-from .plugin import RESULTS_FILE, SESSION_FILE
+from .outcomes import build_result
+from .run_dir import RESULTS_FILE, SESSION_FILE
 from .suites import area_of_module
 
 SCHEMA_VERSION = 1
@@ -32,14 +33,17 @@ def read_parts(parts_dir):
             results[record["id"]] = record
     for nodeid in started:
         if nodeid not in results:
-            results[nodeid] = {
-                "id": nodeid, "area": area_of_module(nodeid.split("::", 1)[0]),
-                "method": checklist.method_of(nodeid.rsplit("::", 1)[-1], session.get("interface_methods", [])),
-                "status": "error",
-                "message": "the process running this check ended before the check finished "
-                           "(crash, kill or interruption)",
-                "duration_s": 0.0, "evidence": {}, "traceback": ""}
+            results[nodeid] = lost_check(nodeid, session.get("interface_methods", []),
+                                         "the process running this check ended before the check finished "
+                                         "(crash, kill or interruption)")
     return list(results.values()), session
+
+
+def lost_check(nodeid, methods, message):
+    """The error result of a check that started and never reported (its process ended)."""
+    area = area_of_module(nodeid.split("::", 1)[0])
+    method = checklist.method_of(nodeid.rsplit("::", 1)[-1], methods) if area == "interface" else None
+    return build_result(nodeid, "error", message, area=area, method=method)
 
 
 def read_events(path):
@@ -61,14 +65,12 @@ def _events(parts_dir):
     return read_events(Path(parts_dir) / RESULTS_FILE)
 
 
-def append_result(parts_dir, record):
-    """Add a result the orchestrator knows and no check process could write (a crash)."""
+def append_lost_check(parts_dir, nodeid, message):
+    """Add the error result of a check whose process the orchestrator saw end (no check process could write it)."""
     session_path = Path(parts_dir) / SESSION_FILE
     methods = json.loads(session_path.read_text()).get("interface_methods", []) if session_path.is_file() else []
-    area = area_of_module(record["id"].split("::", 1)[0])
-    method = checklist.method_of(record["id"].rsplit("::", 1)[-1], methods) if area == "interface" else None
     with open(Path(parts_dir) / RESULTS_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"event": "result", "area": area, "method": method, **record}) + "\n")
+        f.write(json.dumps({"event": "result", **lost_check(nodeid, methods, message)}) + "\n")
 
 
 def progress(parts_dir):

@@ -22,7 +22,7 @@ Results join report.json / junit.xml / report.md as area `upstream` (verdicts: u
 import os
 from pathlib import Path
 
-from . import (candidate_env, candidates, environment, expectations, report_json, report_junit, report_md, run_dir,
+from . import (candidate_env, candidates, environment, expectations, report_files, report_json, run_dir,
                upstream_run, upstream_selection, upstream_verdicts)
 
 PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
@@ -135,7 +135,7 @@ def run(args):
          + ("" if report["complete"] else "; INCOMPLETE run"))
     _say(f"report: {out / 'report.md'} (report.json, junit.xml; latest: {latest})")
     judged = report["summary"]["total"] > 0
-    return 0 if judged and report["complete"] and not any(report["summary"][s] for s in report_json.FAILING) else 1
+    return report_files.exit_status(report) if judged else 1
 
 
 def _counts_text(counts):
@@ -184,7 +184,5 @@ def _report(*, run_id, out, src, spec, selection, missing, sides, args, env, com
         "timeout_s": args.timeout,
         "stopped_after_s": args.timeout + upstream_run.GRACE_S,
     }
-    report_json.write(report, out / "report.json")
-    report_junit.write(results, out / "parts", out / "junit.xml")
-    report_md.write(report, out / "report.md")
+    report_files.write(report, results, out)
     return report

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import process_group
+from .outcomes import build_result
 from .paths import REPO
 from .report_json import read_events
 from .upstream_plugin import UPSTREAM_EVENTS_ENV
@@ -60,8 +61,7 @@ def _quiet_for(events_path, started, now):
 
 
 def _lost(nodeid, reason):
-    return {"id": nodeid, "area": "upstream", "method": None, "status": "error", "message": reason,
-            "duration_s": 0.0, "evidence": {}, "traceback": ""}
+    return build_result(nodeid, "error", reason, area="upstream")
 
 
 def _ended_reason(returncode, log_tail):

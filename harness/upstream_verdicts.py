@@ -22,6 +22,8 @@ is reported as skipped (never as a pass), with both sides' reasons.
 
 from collections import Counter
 
+from .outcomes import build_result
+
 VERDICTS = ("both-pass", "candidate-only-pass", "regression", "candidate-skips", "candidate-only-fail",
             "both-fail", "baseline-fails", "both-skip")
 _OUTCOME = {"passed": "pass", "xpassed": "pass", "failed": "fail", "error": "fail", "skipped": "skip",
@@ -70,23 +72,12 @@ def judge(nodeid, baseline, candidate):
     """The report.json result for one test from its two side records (None: not collected there)."""
     baseline, candidate = baseline or NOT_COLLECTED, candidate or NOT_COLLECTED
     verdict, status = _VERDICT[outcome(baseline), outcome(candidate)]
-    return {
-        "id": nodeid,
-        "area": "upstream",
-        "method": None,
-        "status": status,
-        "message": _message(verdict, baseline, candidate),
-        "duration_s": round(candidate.get("duration_s", 0.0), 4),
-        "evidence": {
-            "verdict": verdict,
-            "baseline": baseline["status"],
-            "candidate": candidate["status"],
-            "baseline_message": _first_line(baseline),
-            "candidate_message": _first_line(candidate),
-            "baseline_duration_s": baseline.get("duration_s", 0.0),
-        },
-        "traceback": candidate.get("traceback", "") if status == "failed" else "",
-    }
+    return build_result(nodeid, status, _message(verdict, baseline, candidate), area="upstream",
+                  duration_s=candidate.get("duration_s", 0.0),
+                  evidence={"verdict": verdict, "baseline": baseline["status"], "candidate": candidate["status"],
+                            "baseline_message": _first_line(baseline), "candidate_message": _first_line(candidate),
+                            "baseline_duration_s": baseline.get("duration_s", 0.0)},
+                  traceback=candidate.get("traceback", "") if status == "failed" else "")
 
 
 def judge_all(baseline_results, candidate_results):

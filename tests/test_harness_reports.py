@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from junitparser import JUnitXml
 
-from harness import cli, curves, environment, expectations, run_dir, suites
+from harness import cli, curves, environment, expectations, report_files, run_dir, suites
 from harness.outcomes import result_record, status_of
 
 DEVICE = "conformance/test_interface_device.py"
@@ -109,7 +109,7 @@ def test_report_from_parts(tmp_path):
     assert "Interface coverage: 2/3" in markdown and "`on_accelerator`" in markdown
     assert "![" not in markdown, "a pasted report must not embed images it cannot carry"
     assert "`curves/" in markdown and "| env PJRT_DEVICE | `CPU` |" in markdown
-    assert cli.exit_status(report) == 1
+    assert report_files.exit_status(report) == 1
 
 
 def test_areas_of_the_suite_where_no_check_ran_are_named(tmp_path):
@@ -133,7 +133,7 @@ def test_interrupted_run_reports_incomplete_and_the_check_that_was_running(tmp_p
         {"event": "start", "id": f"{DEVICE}::test_synchronize[None]"},
     ], finished=False)
     report = finish(tmp_path, child_rc=-2, interrupted=True)
-    assert report["complete"] is False and cli.exit_status(report) == 1
+    assert report["complete"] is False and report_files.exit_status(report) == 1
     dead = next(r for r in report["results"] if r["id"].endswith("test_synchronize[None]"))
     assert dead["status"] == "error" and "ended before the check finished" in dead["message"]
     assert dead["area"] == "interface" and dead["method"] == "synchronize"
@@ -168,7 +168,7 @@ link = "https://example.org/3"
     assert statuses == {"test_synchronize[None]": "xfailed", "test_device_name[0-int]": "xpassed"}
     assert report["expectations"]["unmatched"] == [{"id": f"{DEVICE}::test_gone", "reason": "stale",
                                                     "link": "https://example.org/3"}]
-    assert cli.exit_status(report) == 0
+    assert report_files.exit_status(report) == 0
 
 
 @pytest.mark.parametrize("text, reason", [
@@ -256,7 +256,7 @@ def test_repeated_runs_report_a_changing_check_as_flaky_never_as_a_pass(tmp_path
         "t_steady": "passed", "t_flaky": "flaky", "t_broken": "failed"}
     assert by_id["t_flaky"]["evidence"]["statuses"] == ["passed", "failed", "passed"]
     assert by_id["t_flaky"]["message"] == "flaky over 3 runs (passed, failed, passed): failed in 2"
-    assert report["summary"]["flaky"] == 1 and report["repeat"] == 3 and cli.exit_status(report) == 1
+    assert report["summary"]["flaky"] == 1 and report["repeat"] == 3 and report_files.exit_status(report) == 1
     assert "Flaky (status changed between repeated runs) (1)" in (tmp_path / "report.md").read_text()
     junit = JUnitXml.fromfile(str(tmp_path / "junit.xml"))
     assert junit.failures == 2
@@ -266,7 +266,7 @@ def test_repeated_run_with_no_changes_passes(tmp_path):
     for attempt in (1, 2):
         write_parts(cli.repeat_dir(tmp_path, attempt), [result(f"{DEVICE}::t", "passed", "synchronize")])
     report = finish(tmp_path, child_rcs=[0, 0])
-    assert report["summary"]["passed"] == 1 and report["summary"]["total"] == 1 and cli.exit_status(report) == 0
+    assert report["summary"]["passed"] == 1 and report["summary"]["total"] == 1 and report_files.exit_status(report) == 0
 
 
 def many_failures(count, traceback_lines=200):
