@@ -9,7 +9,8 @@ One backend name, two transports, chosen per process by the XLA device kind:
   PyTorch/XLA's `xla` process-group semantics, completed where DeepSpeed needs more
   (ReduceOp.AVG, a real barrier, allreduce_coalesced, subgroup-correct replica groups).
 
-Both are registered with torch.distributed the standard way, so DeepSpeed's
+Both subclass one c10d ProcessGroup (process_group.py) holding what they share, and are
+registered with torch.distributed the standard way, so DeepSpeed's
 `init_distributed` picks them up through `communication_backend_name()` unchanged.
 The device kind comes from `xla_host.discovery.device_type()`, which reads the environment and
 the PCI bus only: choosing a transport never starts the XLA runtime.
@@ -34,11 +35,6 @@ NATIVE = "native"
 
 class CollectiveError(RuntimeError):
     """A collective that failed, timed out or is not supported, naming rank and op."""
-
-
-def describe(global_rank, group_ranks, op):
-    where = "" if group_ranks is None else f" in group {list(group_ranks)}"
-    return f"deepspeed_xla[{BACKEND_NAME}] rank {global_rank}{where}: {op}"
 
 
 def transport_for(device_kind, environ=None):
@@ -69,14 +65,13 @@ def collective_timeout(default, environ=None):
 
 def _create_process_group(options, backend_options=None):
     from xla_host import discovery
-    size = options.group_size
-    global_ranks = list(options.global_ranks_in_group) or list(range(size))
-    timeout = collective_timeout(options.timeout)
+    # The groups default an empty global_ranks_in_group (the world group) to range(size).
+    args = (options.group_rank, options.group_size, collective_timeout(options.timeout), options.global_ranks_in_group)
     if transport_for(discovery.device_type()) == BRIDGE:
         from .bridge import HostBridgeProcessGroup
-        return HostBridgeProcessGroup(options.store, options.group_rank, size, timeout, global_ranks)
+        return HostBridgeProcessGroup(options.store, *args)
     from .native import XlaNativeProcessGroup
-    return XlaNativeProcessGroup(options.group_rank, size, timeout, global_ranks)
+    return XlaNativeProcessGroup(*args)
 
 
 def register_backend():

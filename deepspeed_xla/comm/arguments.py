@@ -43,13 +43,18 @@ def one_per_rank(where, tensors, group_size, what="tensor list"):
         _fail(where, f"{what} must hold one tensor per rank (expected {group_size}, got {len(tensors)})")
 
 
+def one_per_rank_like(where, tensors, like, group_size, what):
+    """One tensor per rank, each with the shape and dtype of `like` (reduce_scatter's and scatter's inputs)."""
+    one_per_rank(where, tensors, group_size, what)
+    same_shape(where, tensors, like)
+
+
 def per_rank_lists(where, tensor_lists, inputs, group_size):
     """all_gather / gather over lists: per input, one output per rank, each shaped like the input."""
     if len(tensor_lists) != len(inputs):
         _fail(where, f"expected one output list per input (expected {len(inputs)}, got {len(tensor_lists)})")
     for outputs, input in zip(tensor_lists, inputs):
-        one_per_rank(where, outputs, group_size, "output list")
-        same_shape(where, outputs, input)
+        one_per_rank_like(where, outputs, input, group_size, "output list")
 
 
 def flat_sizes(where, big, small, group_size, big_name, small_name):
@@ -72,6 +77,20 @@ def splits(where, tensor, sizes, group_size, name):
             _fail(where, f"{name} split sizes add up to {sum(sizes)}, expected {rows} (the {name}'s first dimension)")
     elif rows % group_size:
         _fail(where, f"{name}'s first dimension {rows} does not split evenly over {group_size} ranks")
+
+
+def all_to_all_single(where, output, input, output_split_sizes, input_split_sizes, group_size):
+    """all_to_all_single: split sizes that fit each tensor, and one dtype."""
+    splits(where, input, input_split_sizes, group_size, "input")
+    splits(where, output, output_split_sizes, group_size, "output")
+    same_dtype(where, [input, output])
+
+
+def all_to_all(where, outputs, inputs, group_size):
+    """all_to_all over lists: one input and one output per rank, all of one dtype."""
+    one_per_rank(where, inputs, group_size, "input list")
+    one_per_rank(where, outputs, group_size, "output list")
+    same_dtype(where, [*inputs, *outputs])
 
 
 def peer(where, peer_rank, own_rank, group_size):

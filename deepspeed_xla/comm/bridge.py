@@ -30,16 +30,11 @@ peer is: the rank that never arrived (or died) and what it was doing.
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllreduceOptions, ProcessGroup
+from torch._C._distributed_c10d import AllreduceOptions
 
 from ..backend import runtime
-from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments, describe
-
-
-def _done(result):
-    future = torch.futures.Future()
-    future.set_result(result)
-    return torch._C._distributed_c10d._create_work_from_future(future)
+from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments
+from .process_group import XlaProcessGroupBase, completed_work
 
 
 def _host(tensor):
@@ -99,12 +94,12 @@ class _PendingWork(dist.Work):
         return future
 
 
-class HostBridgeProcessGroup(ProcessGroup):
+class HostBridgeProcessGroup(XlaProcessGroupBase):
+
+    _transport = "XLA host bridge"
 
     def __init__(self, store, rank, size, timeout, global_ranks=None):
-        super().__init__(rank, size)
-        self.timeout = timeout
-        self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        super().__init__(rank, size, timeout, global_ranks)
         self._store = store
         self._seq = 0
         try:
@@ -116,13 +111,7 @@ class HostBridgeProcessGroup(ProcessGroup):
                 f"{self._where('rendezvous')} failed: not every rank of the group connected within "
                 f"{timeout.total_seconds():g}s (set {TIMEOUT_ENV} to change the limit): {error}") from error
 
-    def getBackendName(self):
-        return BACKEND_NAME
-
     # -- failure reporting --------------------------------------------------------------
-    def _where(self, op):
-        return describe(self._global_ranks[self.rank()], self._global_ranks, op)
-
     def _enter(self, op):
         self._seq += 1
         try:
@@ -144,7 +133,7 @@ class HostBridgeProcessGroup(ProcessGroup):
                 seq, _, op = self._store.get(key).decode().partition(":")
             except RuntimeError:
                 return "the other ranks' progress is unknown (the store is unreachable: rank " \
-                       f"{self._global_ranks[0]}, which hosts it, may have exited)"
+                       f"{self._global_rank(0)}, which hosts it, may have exited)"
             state = "waits in the same call" if int(seq) == self._seq else f"is at #{seq} {op}"
             lines.append(f"rank {global_rank} {state}")
         return "; ".join(lines)
@@ -160,21 +149,6 @@ class HostBridgeProcessGroup(ProcessGroup):
         except RuntimeError as error:
             raise CollectiveError(f"{self._where(op)} (#{self._seq}) failed: {error}. "
                                   f"Peers: {self._peers()}.") from error
-
-    def _unsupported(self, op, why):
-        return CollectiveError(f"{self._where(op)} is not supported by the XLA host bridge: {why}")
-
-    # -- coalescing ---------------------------------------------------------------------
-    # torch's _coalescing_manager (DeepSpeed's all_gather_coalesced, ZeRO-3) brackets a
-    # batch of collectives with these. Each collective here completes when called, so
-    # there is nothing to batch: the bracket only has to exist for XLA devices (without
-    # it torch raises after registering the batch, and every later all_reduce of the
-    # group is silently queued instead of run).
-    def _start_coalescing(self, device):
-        return None
-
-    def _end_coalescing(self, device):
-        return _done([])
 
     # -- reductions -------------------------------------------------------------------
     def _gloo_op(self, op, name):
@@ -204,19 +178,19 @@ class HostBridgeProcessGroup(ProcessGroup):
         arguments.same_shape(self._where("all_reduce"), tensors, tensors[0])
         if self._alone:
             self._gloo_op(opts.reduceOp, "all_reduce")  # refuses what it would refuse in a larger group
-            return _done(tensors)
+            return completed_work(tensors)
         hosts = [_host(t) for t in tensors]
         self._allreduce_host(hosts, opts.reduceOp, "all_reduce")
         for tensor, host in zip(tensors, hosts):
             _write_back(tensor, host)
-        return _done(tensors)
+        return completed_work(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
         if len({t.dtype for t in tensors}) > 1:
             raise self._unsupported("all_reduce_coalesced", "tensors of different dtypes in one call")
         if self._alone:
             self._gloo_op(opts.reduceOp, "all_reduce_coalesced")
-            return _done(tensors)
+            return completed_work(tensors)
         hosts = [_host(t) for t in tensors]
         flat = torch.cat([h.reshape(-1) for h in hosts]) if hosts else torch.empty(0)
         self._allreduce_host([flat], opts.reduceOp, "all_reduce_coalesced")
@@ -224,7 +198,7 @@ class HostBridgeProcessGroup(ProcessGroup):
         for tensor in tensors:
             _write_back(tensor, flat[offset:offset + tensor.numel()].view(tensor.shape))
             offset += tensor.numel()
-        return _done(tensors)
+        return completed_work(tensors)
 
     def reduce(self, tensors, opts):
         # gloo's reduce has no AVG; an all-reduce gives every rank the value and only
@@ -232,13 +206,13 @@ class HostBridgeProcessGroup(ProcessGroup):
         arguments.same_shape(self._where("reduce"), tensors, tensors[0])
         if self._alone:
             self._gloo_op(opts.reduceOp, "reduce")
-            return _done(tensors)
+            return completed_work(tensors)
         hosts = [_host(t).clone() if t.device.type == "cpu" else _host(t) for t in tensors]
-        self._allreduce_host(hosts, opts.reduceOp, f"reduce(root={self._global_ranks[opts.rootRank]})")
+        self._allreduce_host(hosts, opts.reduceOp, f"reduce(root={self._global_rank(opts.rootRank)})")
         if self.rank() == opts.rootRank:
             for tensor, host in zip(tensors, hosts):
                 _write_back(tensor, host)
-        return _done(tensors)
+        return completed_work(tensors)
 
     def _reduce_scatter(self, outputs, inputs_per_output, op, name):
         if self._alone:
@@ -255,34 +229,33 @@ class HostBridgeProcessGroup(ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors_list, opts):
         for output, inputs in zip(output_tensors, input_tensors_list):
-            arguments.one_per_rank(self._where("reduce_scatter"), inputs, self.size(), "input list")
-            arguments.same_shape(self._where("reduce_scatter"), inputs, output)
+            arguments.one_per_rank_like(self._where("reduce_scatter"), inputs, output, self.size(), "input list")
         self._reduce_scatter(output_tensors, input_tensors_list, opts.reduceOp, "reduce_scatter")
-        return _done(output_tensors)
+        return completed_work(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts):
         arguments.flat_sizes(self._where("reduce_scatter_tensor"), input, output, self.size(), "input", "output")
         self._reduce_scatter([output], [[input]], opts.reduceOp, "reduce_scatter_tensor")
-        return _done([output])
+        return completed_work([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
         for output, input in zip(outputs, inputs):
             arguments.flat_sizes(self._where("reduce_scatter_tensor_coalesced"), input, output, self.size(), "input",
                                  "output")
         self._reduce_scatter(outputs, [[t] for t in inputs], opts.reduceOp, "reduce_scatter_tensor_coalesced")
-        return _done(outputs)
+        return completed_work(outputs)
 
     # -- gathers and broadcasts -------------------------------------------------------
     def broadcast(self, tensors, opts):
         arguments.same_shape(self._where("broadcast"), tensors, tensors[0])
         if self._alone:
-            return _done(tensors)
+            return completed_work(tensors)
         hosts = [_host(t) for t in tensors]
-        self._run(f"broadcast(src={self._global_ranks[opts.rootRank]})", lambda: self._gloo.broadcast(hosts, opts))
+        self._run(f"broadcast(src={self._global_rank(opts.rootRank)})", lambda: self._gloo.broadcast(hosts, opts))
         if self.rank() != opts.rootRank:
             for tensor, host in zip(tensors, hosts):
                 _write_back(tensor, host)
-        return _done(tensors)
+        return completed_work(tensors)
 
     def _gather_hosts(self, input, name):
         """Every rank's value of `input`, as host tensors (an all-gather)."""
@@ -296,15 +269,12 @@ class HostBridgeProcessGroup(ProcessGroup):
         if self._alone:
             for outputs, input in zip(output_tensors_list, input_tensors):
                 _write_back(outputs[0], input)
-            return _done([t for outputs in output_tensors_list for t in outputs])
+            return completed_work([t for outputs in output_tensors_list for t in outputs])
         gathered = [self._gather_hosts(input, "all_gather") for input in input_tensors]
         for outputs, hosts in zip(output_tensors_list, gathered):
             for output, host in zip(outputs, hosts):
                 _write_back(output, host.view(output.shape))
-        return _done([t for outputs in output_tensors_list for t in outputs])
-
-    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
+        return completed_work([t for outputs in output_tensors_list for t in outputs])
 
     def _gather_into(self, outputs, inputs, name):
         for output, input in zip(outputs, inputs):
@@ -319,81 +289,77 @@ class HostBridgeProcessGroup(ProcessGroup):
 
     def _allgather_base(self, output, input, opts=None):
         self._gather_into([output], [input], "all_gather_into_tensor")
-        return _done([output])
+        return completed_work([output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         self._gather_into(outputs, inputs, "all_gather_into_tensor_coalesced")
-        return _done(outputs)
+        return completed_work(outputs)
 
     def gather(self, output_tensors_list, input_tensors, opts):
         # Everyone gathers (gloo's gather needs host buffers on the root only); the
         # root keeps the result.
-        name = f"gather(dst={self._global_ranks[opts.rootRank]})"
+        name = f"gather(dst={self._global_rank(opts.rootRank)})"
         if self.rank() == opts.rootRank:
             arguments.per_rank_lists(self._where(name), output_tensors_list, input_tensors, self.size())
         hosts = self._gather_hosts(input_tensors[0], name)
         if self.rank() == opts.rootRank:
             for output, host in zip(output_tensors_list[0], hosts):
                 _write_back(output, host.view(output.shape))
-        return _done(output_tensors_list[0] if output_tensors_list else [])
+        return completed_work(output_tensors_list[0] if output_tensors_list else [])
 
     def scatter(self, output_tensors, input_tensors_list, opts):
         if self.rank() == opts.rootRank:
-            where = self._where(f"scatter(src={self._global_ranks[opts.rootRank]})")
-            arguments.one_per_rank(where, input_tensors_list[0], self.size(), "input list")
-            arguments.same_shape(where, input_tensors_list[0], output_tensors[0])
+            where = self._where(f"scatter(src={self._global_rank(opts.rootRank)})")
+            arguments.one_per_rank_like(where, input_tensors_list[0], output_tensors[0], self.size(), "input list")
         host_output = _host_empty(output_tensors[0])
         host_inputs = [[_host(t) for t in input_tensors_list[0]]] if input_tensors_list else []
-        self._run(f"scatter(src={self._global_ranks[opts.rootRank]})",
+        self._run(f"scatter(src={self._global_rank(opts.rootRank)})",
                   lambda: self._gloo.scatter([host_output], host_inputs, opts))
         _write_back(output_tensors[0], host_output)
-        return _done(output_tensors)
+        return completed_work(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
-        arguments.splits(self._where("all_to_all_single"), input, input_split_sizes, self.size(), "input")
-        arguments.splits(self._where("all_to_all_single"), output, output_split_sizes, self.size(), "output")
-        arguments.same_dtype(self._where("all_to_all_single"), [input, output])
+        arguments.all_to_all_single(self._where("all_to_all_single"), output, input, output_split_sizes,
+                                    input_split_sizes, self.size())
         if self._alone:
             arguments.flat_sizes(self._where("all_to_all_single"), output, input, 1, "output", "input")
             _write_back(output, input.reshape(output.shape))
-            return _done([output])
+            return completed_work([output])
         host_output = _host_empty(output)
         host_input = _host(input)
         self._run("all_to_all_single", lambda: self._gloo.alltoall_base(host_output, host_input, output_split_sizes,
                                                                         input_split_sizes, opts))
         _write_back(output, host_output)
-        return _done([output])
+        return completed_work([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):
         # gloo has only the single-tensor form: flatten, exchange with split sizes, unflatten.
-        arguments.one_per_rank(self._where("all_to_all"), input_tensors, self.size(), "input list")
-        arguments.one_per_rank(self._where("all_to_all"), output_tensors, self.size(), "output list")
-        arguments.same_dtype(self._where("all_to_all"), [*input_tensors, *output_tensors])
+        arguments.all_to_all(self._where("all_to_all"), output_tensors, input_tensors, self.size())
         if self._alone:
             arguments.flat_sizes(self._where("all_to_all"), output_tensors[0], input_tensors[0], 1, "output", "input")
             _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape))
-            return _done(output_tensors)
+            return completed_work(output_tensors)
         host_input = torch.cat([_host(t).reshape(-1) for t in input_tensors])
         host_output = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
         out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
         self._run("all_to_all", lambda: self._gloo.alltoall_base(host_output, host_input, out_splits, in_splits, opts))
         for output, host in zip(output_tensors, torch.split(host_output, out_splits)):
             _write_back(output, host.view(output.shape))
-        return _done(output_tensors)
+        return completed_work(output_tensors)
 
     # -- point to point and synchronisation -------------------------------------------
     def send(self, tensors, dst, tag):
         # Point to point stays asynchronous (isend/irecv pairs may cross): the host copy
         # is taken now, the transfer completes when the caller waits.
         arguments.peer(self._where(f"send(dst=group rank {dst})"), dst, self.rank(), self.size())
-        op = f"send(dst={self._global_ranks[dst]})"
+        op = f"send(dst={self._global_rank(dst)})"
         hosts = [_host(t) for t in tensors]
         self._enter(op)
         return _PendingWork(self, op, self._gloo.send(hosts, dst, tag), tensors)
 
     def recv(self, tensors, src, tag):
         arguments.peer(self._where(f"recv(src=group rank {src})"), src, self.rank(), self.size())
-        op = f"recv(src={self._global_ranks[src]})"
+        op = f"recv(src={self._global_rank(src)})"
         hosts = [_host_empty(t) for t in tensors]
         self._enter(op)
 
@@ -403,16 +369,13 @@ class HostBridgeProcessGroup(ProcessGroup):
 
         return _PendingWork(self, op, self._gloo.recv(hosts, src, tag), tensors, land)
 
-    def recv_anysource(self, tensors, tag):
-        raise self._unsupported("recv(src=None)", "name the source rank")
-
     def barrier(self, opts):
         # A real barrier, unlike the stock xla process group's no-op.
         if self._alone:
-            return _done([])
+            return completed_work([])
         self._run("barrier", lambda: self._gloo.barrier(opts))
-        return _done([])
+        return completed_work([])
 
     def monitored_barrier(self, opts, wait_all_ranks=False):
         self._run("monitored_barrier", lambda: self._gloo.barrier(dist.BarrierOptions()))
-        return _done([])
+        return completed_work([])

@@ -25,16 +25,10 @@ import datetime
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import ProcessGroup
 
 from ..backend import runtime
-from . import BACKEND_NAME, CollectiveError, arguments, describe
-
-
-def _done(result):
-    future = torch.futures.Future()
-    future.set_result(result)
-    return torch._C._distributed_c10d._create_work_from_future(future)
+from . import arguments
+from .process_group import XlaProcessGroupBase, completed_work
 
 
 def replica_groups(ranks, world_size):
@@ -54,30 +48,19 @@ def _write(target, value):
         target.copy_(value.reshape(target.shape))
 
 
-class XlaNativeProcessGroup(ProcessGroup):
+class XlaNativeProcessGroup(XlaProcessGroupBase):
 
+    _transport = "XLA native transport"
     _REDUCE_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR")
 
     def __init__(self, rank, size, timeout=None, global_ranks=None, world_size=None):
-        super().__init__(rank, size)
-        self.timeout = timeout or datetime.timedelta(minutes=30)
-        self._global_ranks = list(global_ranks) if global_ranks else list(range(size))
+        super().__init__(rank, size, timeout or datetime.timedelta(minutes=30), global_ranks)
         self._world_size = world_size
-
-    def getBackendName(self):
-        return BACKEND_NAME
 
     @property
     def groups(self):
         world = self._world_size or (dist.get_world_size() if dist.is_initialized() else self.size())
         return replica_groups(self._global_ranks, max(world, max(self._global_ranks) + 1))
-
-    def _where(self, op):
-        return describe(self._global_ranks[self.rank()], self._global_ranks, op)
-
-    def _error(self, op, why):
-        return CollectiveError(f"{self._where(op)} is not supported "
-                               f"by the XLA native transport: {why}")
 
     def _kind(self, op, name):
         """(XLA reduction kind, scale) for a torch ReduceOp."""
@@ -86,14 +69,7 @@ class XlaNativeProcessGroup(ProcessGroup):
         for kind in self._REDUCE_NAMES:
             if op == getattr(dist.ReduceOp, kind):
                 return kind, 1.0
-        raise self._error(f"{name}(op={op})", "use SUM, AVG, PRODUCT, MIN, MAX, BAND or BOR")
-
-    # -- coalescing: the graph batches collectives by itself ------------------------------
-    def _start_coalescing(self, device):
-        return None
-
-    def _end_coalescing(self, device):
-        return _done([])
+        raise self._unsupported(f"{name}(op={op})", "use SUM, AVG, PRODUCT, MIN, MAX, BAND or BOR")
 
     # -- reductions ---------------------------------------------------------------------
     def allreduce(self, tensors, opts):
@@ -101,7 +77,7 @@ class XlaNativeProcessGroup(ProcessGroup):
         kind, scale = self._kind(opts.reduceOp, "all_reduce")
         for tensor in tensors:
             _write(tensor, runtime.all_reduce(kind, tensor, self.groups, scale))
-        return _done(tensors)
+        return completed_work(tensors)
 
     def allreduce_coalesced(self, tensors, opts):
         kind, scale = self._kind(opts.reduceOp, "all_reduce_coalesced")
@@ -111,7 +87,7 @@ class XlaNativeProcessGroup(ProcessGroup):
         for tensor in tensors:
             _write(tensor, reduced[offset:offset + tensor.numel()])
             offset += tensor.numel()
-        return _done(tensors)
+        return completed_work(tensors)
 
     def reduce(self, tensors, opts):
         kind, scale = self._kind(opts.reduceOp, "reduce")
@@ -119,7 +95,7 @@ class XlaNativeProcessGroup(ProcessGroup):
             reduced = runtime.all_reduce(kind, tensor, self.groups, scale)
             if self.rank() == opts.rootRank:
                 _write(tensor, reduced)
-        return _done(tensors)
+        return completed_work(tensors)
 
     def _reduce_scatter(self, output, flat_input, op, name):
         kind, scale = self._kind(op, name)
@@ -128,19 +104,18 @@ class XlaNativeProcessGroup(ProcessGroup):
 
     def reduce_scatter(self, output_tensors, input_tensors_list, opts):
         for output, inputs in zip(output_tensors, input_tensors_list):
-            arguments.one_per_rank(self._where("reduce_scatter"), inputs, self.size(), "input list")
-            arguments.same_shape(self._where("reduce_scatter"), inputs, output)
+            arguments.one_per_rank_like(self._where("reduce_scatter"), inputs, output, self.size(), "input list")
             self._reduce_scatter(output, torch.cat([t.reshape(-1) for t in inputs]), opts.reduceOp, "reduce_scatter")
-        return _done(output_tensors)
+        return completed_work(output_tensors)
 
     def _reduce_scatter_base(self, output, input, opts):
         self._reduce_scatter(output, input.reshape(-1), opts.reduceOp, "reduce_scatter_tensor")
-        return _done([output])
+        return completed_work([output])
 
     def reduce_scatter_tensor_coalesced(self, outputs, inputs, opts):
         for output, input in zip(outputs, inputs):
             self._reduce_scatter(output, input.reshape(-1), opts.reduceOp, "reduce_scatter_tensor_coalesced")
-        return _done(outputs)
+        return completed_work(outputs)
 
     # -- gathers, broadcasts, scatter ---------------------------------------------------
     def broadcast(self, tensors, opts):
@@ -149,7 +124,7 @@ class XlaNativeProcessGroup(ProcessGroup):
         for tensor in tensors:
             contribution = tensor if self.rank() == opts.rootRank else torch.zeros_like(tensor)
             _write(tensor, runtime.all_reduce("SUM", contribution, self.groups))
-        return _done(tensors)
+        return completed_work(tensors)
 
     def _gathered(self, input):
         return runtime.all_gather(input.reshape(1, -1), self.groups)  # [group size, numel]
@@ -160,15 +135,12 @@ class XlaNativeProcessGroup(ProcessGroup):
             gathered = self._gathered(input)
             for i, output in enumerate(outputs):
                 _write(output, gathered[i])
-        return _done([t for outputs in output_tensors_list for t in outputs])
-
-    def allgather_coalesced(self, output_lists, input_tensors, opts=None):
-        return self.allgather(output_lists, input_tensors, opts)
+        return completed_work([t for outputs in output_tensors_list for t in outputs])
 
     def _allgather_base(self, output, input, opts=None):
         arguments.flat_sizes(self._where("all_gather_into_tensor"), output, input, self.size(), "output", "input")
         _write(output, self._gathered(input))
-        return _done([output])
+        return completed_work([output])
 
     def allgather_into_tensor_coalesced(self, outputs, inputs, opts=None):
         for output, input in zip(outputs, inputs):
@@ -176,7 +148,7 @@ class XlaNativeProcessGroup(ProcessGroup):
                                  "input")
         for output, input in zip(outputs, inputs):
             _write(output, self._gathered(input))
-        return _done(outputs)
+        return completed_work(outputs)
 
     def gather(self, output_tensors_list, input_tensors, opts):
         if self.rank() == opts.rootRank:
@@ -185,70 +157,63 @@ class XlaNativeProcessGroup(ProcessGroup):
         if self.rank() == opts.rootRank:
             for i, output in enumerate(output_tensors_list[0]):
                 _write(output, gathered[i])
-        return _done(output_tensors_list[0] if output_tensors_list else [])
+        return completed_work(output_tensors_list[0] if output_tensors_list else [])
 
     def scatter(self, output_tensors, input_tensors_list, opts):
         # The root's list, summed with everyone else's zeros, then each rank's shard.
         output = output_tensors[0]
         if self.rank() == opts.rootRank:
-            arguments.one_per_rank(self._where("scatter"), input_tensors_list[0], self.size(), "input list")
-            arguments.same_shape(self._where("scatter"), input_tensors_list[0], output)
+            arguments.one_per_rank_like(self._where("scatter"), input_tensors_list[0], output, self.size(), "input list")
             stacked = torch.cat([t.reshape(-1) for t in input_tensors_list[0]])
         else:
             stacked = torch.zeros(output.numel() * self.size(), dtype=output.dtype, device=output.device)
         _write(output, runtime.reduce_scatter("SUM", stacked, self.size(), self.groups))
-        return _done(output_tensors)
+        return completed_work(output_tensors)
 
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
-        arguments.splits(self._where("all_to_all_single"), input, input_split_sizes, self.size(), "input")
-        arguments.splits(self._where("all_to_all_single"), output, output_split_sizes, self.size(), "output")
-        arguments.same_dtype(self._where("all_to_all_single"), [input, output])
+        arguments.all_to_all_single(self._where("all_to_all_single"), output, input, output_split_sizes,
+                                    input_split_sizes, self.size())
         if output_split_sizes or input_split_sizes:
             even_in = input.shape[0] // self.size()
             even_out = output.shape[0] // self.size()
             if set(input_split_sizes or [even_in]) != {even_in} or set(output_split_sizes or [even_out]) != {even_out}:
-                raise self._error("all_to_all_single(uneven splits)", "XLA's all-to-all exchanges equal chunks")
+                raise self._unsupported("all_to_all_single(uneven splits)", "XLA's all-to-all exchanges equal chunks")
         _write(output, runtime.all_to_all(input, self.size(), self.groups))
-        return _done([output])
+        return completed_work([output])
 
     def alltoall(self, output_tensors, input_tensors, opts):
-        arguments.one_per_rank(self._where("all_to_all"), input_tensors, self.size(), "input list")
-        arguments.one_per_rank(self._where("all_to_all"), output_tensors, self.size(), "output list")
-        arguments.same_dtype(self._where("all_to_all"), [*input_tensors, *output_tensors])
+        arguments.all_to_all(self._where("all_to_all"), output_tensors, input_tensors, self.size())
         if len({tuple(t.shape) for t in input_tensors}) > 1:
-            raise self._error("all_to_all(tensors of different shapes)", "XLA's all-to-all exchanges equal chunks")
+            raise self._unsupported("all_to_all(tensors of different shapes)", "XLA's all-to-all exchanges equal chunks")
         exchanged = runtime.all_to_all(torch.stack(input_tensors), self.size(), self.groups)
         for i, output in enumerate(output_tensors):
             _write(output, exchanged[i])
-        return _done(output_tensors)
+        return completed_work(output_tensors)
 
     # -- point to point and synchronisation ---------------------------------------------
     def send(self, tensors, dst, tag):
         arguments.peer(self._where("send"), dst, self.rank(), self.size())
-        pair = [[self._global_ranks[self.rank()], self._global_ranks[dst]]]
+        pair = [[self._global_rank(self.rank()), self._global_rank(dst)]]
         # The permute has no consumer on the sending side: keep its result alive through
         # a sync so that the graph containing it runs now, in step with the receiver's.
         sent = [runtime.collective_permute(tensor, pair) for tensor in tensors]
         runtime.sync(wait=False)
         del sent
-        return _done(tensors)
+        return completed_work(tensors)
 
     def recv(self, tensors, src, tag):
         arguments.peer(self._where("recv"), src, self.rank(), self.size())
-        pair = [[self._global_ranks[src], self._global_ranks[self.rank()]]]
+        pair = [[self._global_rank(src), self._global_rank(self.rank())]]
         for tensor in tensors:
             _write(tensor, runtime.collective_permute(tensor, pair))
         runtime.sync(wait=False)
-        return _done(tensors)
-
-    def recv_anysource(self, tensors, tag):
-        raise self._error("recv(src=None)", "name the source rank")
+        return completed_work(tensors)
 
     def barrier(self, opts):
         token = runtime.all_reduce("SUM", torch.zeros(1, device=runtime.torch_device()), self.groups)
         runtime.sync(wait=True)  # runs the all-reduce (token is alive) and waits for it
         del token
-        return _done([])
+        return completed_work([])
 
     def monitored_barrier(self, opts, wait_all_ranks=False):
         return self.barrier(opts)
