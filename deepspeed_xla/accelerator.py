@@ -52,6 +52,10 @@ class _TensorType:
 
 
 class XLA_Accelerator(DeepSpeedAccelerator):
+    """DeepSpeed's accelerator on XLA devices (`get_accelerator()` when DS_ACCELERATOR=xla): one device per rank process, a
+    synchronized device (no side streams, host timers), the `xla_ds` communication backend. Construction registers that
+    backend and `torch.xla`, and installs the run-time fixes (torch_xla op kernels, parameter identity across `.to()`,
+    DeepSpeed engine hooks, up-front refusal of what XLA cannot run)."""
 
     def __init__(self):
         super().__init__()

@@ -61,6 +61,8 @@ def _saving_host_tensors(original):
 
 
 def wrap_engine(module):
+    """Post-import hook body: wrap `module`'s TorchCheckpointEngine.save so the state dict goes through to_host() before
+    torch.save (idempotent, wrap_once)."""
     wrap_once(module.TorchCheckpointEngine, "save", _saving_host_tensors)
 
 
@@ -68,6 +70,7 @@ _HOOK = PostImportHook(ENGINE_MODULE, wrap_engine)
 
 
 def install():
+    """Arm the hook on DeepSpeed's torch checkpoint engine module: wraps it now if already imported, else when it loads."""
     arm(_HOOK)
 
 

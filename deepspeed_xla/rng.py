@@ -20,6 +20,8 @@ _SEED_BYTES = 8
 
 
 def seeds_to_state(base, running):
+    """State of two seeds: a uint8 CPU tensor of 16 bytes, base then running seed, each 64-bit little-endian unsigned.
+    Raises OverflowError for a seed that is negative or does not fit 64 bits."""
     data = b"".join(int(seed).to_bytes(_SEED_BYTES, "little", signed=False) for seed in (base, running))
     return torch.tensor(list(data), dtype=torch.uint8)
 
@@ -46,6 +48,8 @@ class XlaGenerator:
         self._armed = False
 
     def get_state(self):
+        """This device's RNG state as torch.cuda.get_rng_state gives it: a uint8 CPU tensor of 16 bytes (seeds_to_state).
+        Reading does not move the random stream: later random ops draw as they would have without the read."""
         running = runtime.get_rng_seed(self.device)
         if self._base_at_sync is not None:
             # After a mid-step restore, torch_xla's base is the reset one until the next sync: the
@@ -57,6 +61,8 @@ class XlaGenerator:
         return seeds_to_state(base, running)
 
     def set_state(self, state):
+        """Restore a state from get_state() (16 bytes, or 8 from earlier versions); returns self, as torch.Generator.
+        The running seed is set now, the step's base seed at the next sync; ValueError for any other tensor."""
         self._resume(*state_to_seeds(state))
         return self
 
@@ -75,15 +81,20 @@ class XlaGenerator:
             self._base_at_sync = None
 
     def manual_seed(self, seed):
+        """Seed the device (running and base seed, torch_xla's set_rng_state) and make `seed` the initial seed; returns self,
+        as torch.Generator.manual_seed. A base seed still pending from set_state() is dropped."""
         self._initial_seed = int(seed)
         self._base_at_sync = None
         runtime.set_rng_seed(seed, self.device)
         return self
 
     def initial_seed(self):
+        """The int seed of the last manual_seed(), else the device's seed when this generator was made (torch.Generator's)."""
         return self._initial_seed
 
     def seed(self):
+        """Seed the device with a non-deterministic seed from torch.seed() (which reseeds the host default generator too) and
+        return it, as torch.Generator.seed."""
         seed = torch.seed()
         self.manual_seed(seed)
         return seed

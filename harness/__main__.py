@@ -1,3 +1,6 @@
+"""`python -m harness`: runs cli.main() and exits with the status it returns (cli.py's docstring: 0, 1, 2 on bad usage);
+a missing harness dependency (pytest, torch_xla, DeepSpeed, ...) is one line on stderr and exit 2, not a traceback."""
+
 import sys
 
 # What the harness needs besides the standard library (pyproject.toml's `harness` extra and the stack).

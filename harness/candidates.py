@@ -42,6 +42,8 @@ class CandidateError(RuntimeError):
 
 @dataclass(frozen=True)
 class CandidateSpec:
+    """A parsed --candidate SPEC (parse_spec): `text` as given, its `kind`, and for module/file candidates the module name or
+    absolute .py path (`target`) and class name (`attr`); for in-tree, `target` is the DS_ACCELERATOR name."""
     text: str
     kind: str  # "deepspeed_xla", "in-tree", "module" or "file"
     target: str = ""  # module name, file path, or the DS_ACCELERATOR name of an in-tree accelerator

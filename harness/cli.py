@@ -77,6 +77,7 @@ def _parser():
 
 
 def benchmark_names():
+    """Sorted names of the benchmarks `bench` can run: the stems of benchmarks/*.py, leaving out _private modules."""
     return sorted(path.stem for path in BENCHMARKS.glob("*.py") if not path.name.startswith("_"))
 
 
@@ -232,6 +233,9 @@ def _summary_line(report):
 
 
 def run(args):
+    """`run`: the suite's checks in child pytest processes (a crashed check's process is replaced), then report.json,
+    junit.xml and report.md in the run directory and reports/latest; 0 or 1 (report_files.exit_status).
+    Raises UsageError (exit 2) before starting anything when the candidate, suite, expectations or devices are wrong."""
     spec, modules, expected, device_kind, device_count = _plan(args)
     run_id = run_dir.new_run_id(args.suite, args.backend)
     out = run_dir.prepare(args.out or run_dir.reports_root() / run_id)
@@ -277,6 +281,8 @@ def run(args):
 
 
 def record_references(args):
+    """`references`: train the selected training cases on CPU and store their curves under --out; 0, 1 when a case failed to
+    train, 130 on Ctrl-C (curves already written stay). UsageError when -k selects no case."""
     cases = [case for area in ([args.area] if args.area else training_cases.training_areas())
              for case in training_cases.training_cases(area) if args.select in case.id]
     if not cases:
@@ -299,6 +305,8 @@ def _interrupt(signum, frame):
 
 
 def main(argv=None):
+    """Entry point of `python -m harness`: the exit status of the subcommand `argv` (default sys.argv[1:]) names, or 2 with
+    a one-line `harness: error:` on stderr for bad usage (argparse errors and stale DeepSpeed op build locks included)."""
     # A cancelled CI job gets SIGTERM: stop like a Ctrl-C (children stopped, report written, marked incomplete).
     signal.signal(signal.SIGTERM, _interrupt)
     extensions = environment.use_stack_extensions()

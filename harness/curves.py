@@ -6,6 +6,7 @@ from pathlib import Path
 
 
 def has_curves(evidence):
+    """True when `evidence` holds non-empty "reference" and "candidate" loss lists (or tuples), the ones plot() draws."""
     return all(isinstance(evidence.get(key), (list, tuple)) and evidence[key] for key in ("reference", "candidate"))
 
 

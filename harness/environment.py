@@ -23,6 +23,7 @@ ENV_ALLOWLIST = ("PJRT_DEVICE", "DS_ACCELERATOR", "XLA_FLAGS", "CPU_NUM_DEVICES"
 
 
 def installed_version(distribution):
+    """The installed version string of `distribution` from its package metadata (nothing is imported), or None if absent."""
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

@@ -24,11 +24,13 @@ class ExpectationsError(ValueError):
 
 @dataclass(frozen=True)
 class Expectation:
+    """One [[expected_failure]] entry: a test `id` pattern (`*` matches anything), why it fails and the issue tracking it."""
     id: str
     reason: str
     link: str
 
     def matches(self, test_id):
+        """Whether `test_id` (a report result id) is one this entry's pattern names (suites.id_matches: only `*` is special)."""
         return id_matches(self.id, test_id)
 
     def concerns(self, module):
@@ -37,6 +39,7 @@ class Expectation:
 
 
 def default_path(candidate_name, backend):
+    """fixtures/expectations/<candidate_name>-<backend>.toml, the file `run` reads without --expectations (may not exist)."""
     return EXPECTATIONS / f"{candidate_name}-{backend}.toml"
 
 

@@ -22,6 +22,7 @@ CANDIDATE_RESULT_ID = "candidate"
 
 
 def pytest_addoption(parser):
+    """The harness's options: --harness-out (run directory), --reference, --harness-suite."""
     group = parser.getgroup("harness")
     group.addoption("--harness-out", default=os.environ.get(OUT_ENV),
                     help="run directory: results are streamed to <dir>/parts/")
@@ -31,6 +32,7 @@ def pytest_addoption(parser):
 
 
 def pytest_configure(config):
+    """Register the markers and this run's HarnessSession (which installs the candidate first)."""
     config.addinivalue_line("markers", f"area(name): conformance area of a module, one of {', '.join(AREAS)}")
     session = HarnessSession(config)
     config.pluginmanager.register(session, "harness-session")
@@ -45,6 +47,9 @@ def evidence(request):
 
 
 class HarnessSession:
+    """One check process's run: installs the candidate before DeepSpeed is imported, tags every check
+    with its area and interface method, and streams each result to <run dir>/parts/ (the controller
+    only, under pytest-xdist)."""
 
     def __init__(self, config):
         self.config = config

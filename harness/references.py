@@ -36,6 +36,9 @@ REFERENCE_OPTION = {"choices": MODES, "default": "live",
 
 @dataclasses.dataclass
 class Reference:
+    """The CPU reference loss curve (one float per step) of a training check: trained live or read from the stored `file`;
+    `note` says why a stored curve was not used, `stored_max_rel_diff` is a live curve's largest relative step difference
+    from a fresh stored one (compare_losses' max_rel_err)."""
     losses: list
     source: str  # "live" or "stored"
     file: str  # the stored file, relative to the repository (used or not)
@@ -43,12 +46,14 @@ class Reference:
     stored_max_rel_diff: float | None = None  # live curve vs the fresh stored one: does it still reproduce here?
 
     def evidence(self):
+        """The reference_* fields this reference adds to a check's evidence (report.json); note and max diff only when set."""
         return {"reference_source": self.source, "reference_file": self.file,
                 **({"reference_note": self.note} if self.note else {}),
                 **({"stored_max_rel_diff": self.stored_max_rel_diff} if self.stored_max_rel_diff is not None else {})}
 
 
 def path_for(case, root=REFERENCES):
+    """<root>/cpu/<case.area>/<case.id>.json: where the CPU reference curve of `case` is stored (may not exist yet)."""
     return Path(root) / BACKEND / case.area / f"{case.id}.json"
 
 

@@ -17,6 +17,7 @@ class DiffError(ValueError):
 
 
 def load(path):
+    """The report.json at `path` as a dict; DiffError when it is missing, unreadable, not JSON, or not of SCHEMA_VERSION."""
     path = Path(path)
     try:
         report = json.loads(path.read_text())
@@ -55,6 +56,8 @@ _ONE = {"regressions": "regression", "fixes": "fix", "new": "new", "removed": "r
 
 
 def render(changes, old_path, new_path):
+    """The text `diff` prints: a header line with a count per kind, then one indented line per changed check
+    (`kind: id (old -> new status)` and the first line of its new message)."""
     counts = ", ".join(f"{len(rows)} {kind}" for kind, rows in changes.items())
     lines = [f"harness diff: {old_path} -> {new_path}: {counts}"]
     for kind, rows in changes.items():
@@ -66,6 +69,8 @@ def render(changes, old_path, new_path):
 
 
 def run(args):
+    """`diff`: print the changes from args.old to args.new; 1 when NEW has regressions or is an incomplete run, else 0.
+    DiffError (exit 2) for a file that is not a report.json."""
     old, new = load(args.old), load(args.new)
     changes = compare(old, new)
     print(render(changes, args.old, args.new))

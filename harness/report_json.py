@@ -88,6 +88,7 @@ def every_check_ran(parts_dir):
 
 
 def summarize(results):
+    """{status: count} for every status in STATUSES (zeros included) plus "total"; KeyError for a result of another status."""
     summary = {status: 0 for status in STATUSES}
     for result in results:
         summary[result["status"]] += 1
@@ -102,11 +103,15 @@ def by_area(results):
 
 
 def interface_coverage(results, methods):
+    """report.json's coverage.interface: {"total", "checked", "unchecked" (sorted names)} over the accelerator's interface
+    `methods`, counting a method as checked when an interface check that was not skipped ran for it."""
     checked = {r["method"] for r in results if r["area"] == "interface" and r["status"] != "skipped"}
     return checklist.coverage(methods, checked)
 
 
 def build(*, run_id, suite, results, session, environment, complete, unmatched_expectations, artifacts):
+    """The report.json dict (schema_version SCHEMA_VERSION): run id, suite, completeness, summary and per-area counts, the
+    results, interface coverage, expectations (unmatched entries, xpassed ids), environment and artifact paths."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
@@ -124,4 +129,5 @@ def build(*, run_id, suite, results, session, environment, complete, unmatched_e
 
 
 def write(report, path):
+    """Write `report` to `path` as indented UTF-8 JSON; values JSON cannot hold (paths, ...) are written as str()."""
     Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")

@@ -25,6 +25,8 @@ def _case(result):
 
 
 def build(results, parts_dir):
+    """A JUnitXml: one <testsuite> per area (sorted; "unknown" for none), one testcase per result with its time in seconds
+    (failed/flaky as <failure>, error as <error>, skipped/xfailed as <skipped>), then the suites of parts_dir/*.xml."""
     xml = JUnitXml(name="deepspeed-xla conformance")
     for area in sorted({r["area"] or "unknown" for r in results}):
         suite = TestSuite(name=area)
@@ -40,4 +42,5 @@ def build(results, parts_dir):
 
 
 def write(results, parts_dir, path):
+    """Write build(results, parts_dir) to `path`, pretty-printed."""
     build(results, parts_dir).write(str(path), pretty=True)

@@ -80,6 +80,8 @@ def local_paths():
 
 
 def redact(text):
+    """`text` with this machine's paths (repository, Python environment, temporary and home directories) and host name
+    replaced by placeholders such as <repo> and <host> (local_paths())."""
     for pattern, placeholder in local_paths():
         text = pattern.sub(placeholder, text)
     return text
@@ -149,6 +151,8 @@ def _performance_section(report):
 
 
 def render(report, level=LEVELS[0]):
+    """report.md's Markdown for `report` (a report.json dict) at one of LEVELS (evidence/traceback characters, all results
+    listed, details per failure), redacted; no size limit: render_within_limit() keeps it under LIMIT_BYTES."""
     summary, env = report["summary"], report["environment"]
     verdict = "PASS" if report["complete"] and not any(summary[s] for s in FAILING) else "FAIL"
     lines = [
@@ -241,5 +245,6 @@ def render_within_limit(report, limit=LIMIT_BYTES):
 
 
 def write(report, path):
+    """Write report.md for `report` to `path` (UTF-8), at most LIMIT_BYTES (60,000) bytes (render_within_limit())."""
     with open(path, "w", encoding="utf-8") as f:
         f.write(render_within_limit(report))

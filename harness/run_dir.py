@@ -17,10 +17,12 @@ SESSION_FILE = "session.json"
 
 
 def reports_root():
+    """Directory holding the runs and `latest`: $HARNESS_REPORTS_DIR if set (tests use it), else the repository's reports/."""
     return Path(os.environ.get(REPORTS_ENV) or REPORTS)
 
 
 def new_run_id(suite, backend):
+    """A run id unique per run and sortable by start (local time): `<YYYYmmddTHHMMSS>-<suite>-<backend>-<4 hex digits>`."""
     return f"{time.strftime('%Y%m%dT%H%M%S')}-{suite}-{backend}-{secrets.token_hex(2)}"
 
 

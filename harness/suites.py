@@ -35,6 +35,7 @@ SELECTIONS = {"smoke": SMOKE}  # selective suite -> {area: test id patterns}
 
 
 class UnknownSuite(ValueError):
+    """A --suite name not registered in SUITES (bad usage: `run` reports it on one line, exit 2)."""
     pass
 
 

@@ -36,6 +36,7 @@ class UpstreamUsageError(ValueError):
 
 
 def add_parser(commands):
+    """Add the `upstream` subcommand and its options to `commands` (cli's argparse subparsers); returns its parser."""
     up = commands.add_parser("upstream", help="run DeepSpeed's own unit tests against a candidate and against "
                              "DeepSpeed's CPU accelerator, test by test")
     up.add_argument("--deepspeed-src", required=True, metavar="DIR", help="a DeepSpeed source checkout (has tests/unit)")
@@ -85,6 +86,7 @@ def side_envs(spec, backend, devices, timeout_s, base=None):
 
 
 def source_info(src):
+    """{"deepspeed_src_revision": HEAD commit (+dirty) or None, "deepspeed_src_version": version.txt or None} of `src`."""
     version_file = src / "version.txt"
     return {"deepspeed_src_revision": environment.git_revision(src),
             "deepspeed_src_version": version_file.read_text().strip() if version_file.is_file() else None}
@@ -95,6 +97,9 @@ def _say(line):
 
 
 def run(args):
+    """`upstream`: DeepSpeed's selected tests in one pytest session per side (CPU baseline, then the candidate), judged test by
+    test into report.json / junit.xml / report.md; exit status 0 or 1 (1 also when no test was judged).
+    Raises UpstreamUsageError (exit 2) for a wrong checkout, selection, candidate or option."""
     src, tests_dir, spec, selection = _plan(args)
     run_id = run_dir.new_run_id("upstream", args.backend)
     out = run_dir.prepare(args.out or run_dir.reports_root() / run_id)

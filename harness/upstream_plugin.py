@@ -19,6 +19,8 @@ UPSTREAM_EVENTS_ENV = "HARNESS_UPSTREAM_EVENTS"
 
 
 class UpstreamRecorder:
+    """pytest plugin object appending JSON-lines events to `path` as they happen, flushed per line: "collected" (node ids),
+    "collection_error", "start" (wall-clock time, seconds since the epoch), "result" (report.json's result), "finished"."""
 
     def __init__(self, path):
         self.stream = open(path, "a", encoding="utf-8")
@@ -60,6 +62,8 @@ class UpstreamRecorder:
 
 
 def pytest_configure(config):
+    """pytest hook: register an UpstreamRecorder on the file $HARNESS_UPSTREAM_EVENTS names, in the controller or a lone
+    pytest process only (not in xdist workers); does nothing when the variable is unset."""
     path = os.environ.get(UPSTREAM_EVENTS_ENV)
     # Only the process that reports (not an xdist worker) records.
     if path and not hasattr(config, "workerinput"):

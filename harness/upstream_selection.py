@@ -35,6 +35,8 @@ class SelectionError(ValueError):
 
 @dataclass(frozen=True)
 class Entry:
+    """One [[tests]] entry: a test file `path` relative to DeepSpeed's tests/, optionally only the node `ids` under it, and
+    `why` it is selected."""
     path: str
     ids: tuple = ()
     why: str = ""
@@ -46,15 +48,19 @@ class Entry:
 
     @property
     def label(self):
+        """How reports name the entry: `path`, or `path (id, id, ...)` when it selects ids."""
         return f"{self.path} ({', '.join(self.ids)})" if self.ids else self.path
 
     def covers(self, nodeid):
+        """Whether pytest node id `nodeid` is one of this entry's targets or lies under one (`target::...`, `target[...]`)."""
         return any(nodeid == target or nodeid.startswith(target + "::") or nodeid.startswith(target + "[")
                    for target in self.targets)
 
 
 @dataclass(frozen=True)
 class Selection:
+    """A loaded selection file: its `path`, the DeepSpeed version it was chosen for, its [[tests]] `entries` and its [[known]]
+    differences as Expectations."""
     path: Path
     deepspeed: str
     entries: tuple
@@ -62,6 +68,7 @@ class Selection:
 
     @property
     def targets(self):
+        """The pytest arguments of every entry, in file order (relative to DeepSpeed's tests/ directory)."""
         return [target for entry in self.entries for target in entry.targets]
 
     def stale_entries(self, nodeids):
@@ -69,14 +76,17 @@ class Selection:
         return [entry for entry in self.entries if not any(entry.covers(nodeid) for nodeid in nodeids)]
 
     def missing_files(self, tests_dir):
+        """Paths of entries whose test file does not exist under `tests_dir` (removed or renamed in that checkout)."""
         return [entry.path for entry in self.entries if not (Path(tests_dir) / entry.path).is_file()]
 
 
 def default_path(deepspeed_version):
+    """fixtures/upstream/deepspeed-<deepspeed_version>.toml, the selection `upstream` reads without --selection."""
     return UPSTREAM_SELECTIONS / f"deepspeed-{deepspeed_version}.toml"
 
 
 def available():
+    """Sorted file names of the selections stored in fixtures/upstream/ (deepspeed-*.toml)."""
     return sorted(path.name for path in UPSTREAM_SELECTIONS.glob("deepspeed-*.toml"))
 
 

@@ -43,6 +43,7 @@ NOT_COLLECTED = {"status": "skipped", "message": "not collected on this side", "
 
 
 def outcome(record):
+    """"pass", "fail" or "skip" for a side record's status (module table; "error" is a fail); KeyError for another status."""
     return _OUTCOME[record["status"]]
 
 
@@ -87,6 +88,7 @@ def judge_all(baseline_results, candidate_results):
 
 
 def file_of(nodeid):
+    """The test file part of a pytest node id (`unit/x/test_y.py::Class::test[p]` -> `unit/x/test_y.py`)."""
     return nodeid.split("::", 1)[0]
 
 

@@ -25,6 +25,8 @@ class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self._loader = None
 
     def find_spec(self, fullname, path, target=None):
+        """importlib's MetaPathFinder.find_spec: for `module_name` only, the spec PathFinder finds with this hook as its loader
+        (the real loader kept to delegate to); None for other names or when the module is not on `path`/sys.path."""
         if fullname != self.module_name:
             return None
         spec = importlib.machinery.PathFinder.find_spec(fullname, path)
@@ -34,13 +36,18 @@ class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         return spec
 
     def create_module(self, spec):
+        """importlib's Loader.create_module, delegated to the real loader (None for a .py module: default creation)."""
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
+        """importlib's Loader.exec_module: run the module's code with the real loader, then `on_loaded(module)`; an exception from
+        either propagates to the importer, and the module is not left in sys.modules."""
         self._loader.exec_module(module)
         self.on_loaded(module)
 
     def get_code(self, fullname):
+        """The module's code object for runpy (`python -m`), after `on_run_as_main()` if one was given; the code then runs as
+        __main__, so `on_loaded` is not called."""
         if self._on_run_as_main is not None:
             self._on_run_as_main()
         return self._loader.get_code(fullname)

@@ -93,10 +93,12 @@ class TpuTopology:
 
     @property
     def num_hosts(self) -> int:
+        """Hosts (TPU VMs) in the slice: the product of host_bounds (TPU_PROCESS_BOUNDS), e.g. 2 for 'v4-16'."""
         return math.prod(self.host_bounds)
 
     @property
     def chips_per_host(self) -> int:
+        """TPU chips on each host: the product of chips_per_host_bounds (TPU_CHIPS_PER_PROCESS_BOUNDS), e.g. 4 (2x2x1) on v4."""
         return math.prod(self.chips_per_host_bounds)
 
 

@@ -95,6 +95,9 @@ class _PendingWork(dist.Work):
 
 
 class HostBridgeProcessGroup(XlaProcessGroupBase):
+    """The `xla_ds` process group on PJRT CPU: operands go to the host, through gloo (a ProcessGroupGloo over `store`) and
+    back into the caller's XLA tensors in place; every collective has completed when it returns. `timeout` (a timedelta)
+    bounds the rendezvous and each collective; a failure or timeout raises CollectiveError naming each peer's progress."""
 
     _transport = "XLA host bridge"
 

@@ -49,6 +49,9 @@ def _write(target, value):
 
 
 class XlaNativeProcessGroup(XlaProcessGroupBase):
+    """The `xla_ds` process group on TPU / XLA GPU: PyTorch/XLA's `xla` group semantics traced into the step graph over
+    `groups`, plus ReduceOp.AVG, a real barrier and coalesced ops. Results are copied into the caller's tensors and work
+    is complete at once; what XLA cannot express (uneven all-to-all, BXOR, PREMUL_SUM) raises CollectiveError."""
 
     _transport = "XLA native transport"
     _REDUCE_NAMES = ("SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR")

@@ -33,31 +33,38 @@ class TorchNativeBuilder(OpBuilder):
         super().__init__(name=self.NAME)
 
     def absolute_name(self):
+        """OpBuilder's import path of the op: here the torch-native module in torch_native.py."""
         return f"deepspeed_xla.op_builder.torch_native.{self.NAME}"
 
     def sources(self):
+        """[]: no C++/CUDA source files for OpBuilder to compile."""
         return []
 
     def is_compatible(self, verbose=False):
+        """Always True: torch ops run on any XLA device, so `ds_report` lists the op as compatible."""
         return True
 
     def load(self, verbose=True):
+        """The torch-native module (`MODULE`) with the CUDA kernel's functions; compiles nothing, never raises."""
         return self.MODULE
 
 
 class FusedAdamBuilder(TorchNativeBuilder):
+    """DeepSpeed's FusedAdam kernel (`multi_tensor_adam`, Adam and AdamW) as torch ops, updating in fp32."""
     BUILD_VAR = "DS_BUILD_FUSED_ADAM"
     NAME = "fused_adam"
     MODULE = torch_native.fused_adam
 
 
 class FusedLionBuilder(TorchNativeBuilder):
+    """DeepSpeed's FusedLion kernel (`multi_tensor_lion`) as torch ops, updating in fp32."""
     BUILD_VAR = "DS_BUILD_FUSED_LION"
     NAME = "fused_lion"
     MODULE = torch_native.fused_lion
 
 
 class FusedLambBuilder(TorchNativeBuilder):
+    """DeepSpeed's FusedLamb kernel (`lamb`) as torch ops, updating in fp32."""
     BUILD_VAR = "DS_BUILD_FUSED_LAMB"
     NAME = "fused_lamb"
     MODULE = torch_native.fused_lamb
@@ -72,15 +79,19 @@ class NotAvailableOnXlaBuilder(OpBuilder):
         super().__init__(name=self.NAME)
 
     def absolute_name(self):
+        """OpBuilder's import path of the op, a name only: nothing is importable there."""
         return f"deepspeed_xla.op_builder.{self.name}"
 
     def sources(self):
+        """[]: no C++/CUDA source files for OpBuilder to compile."""
         return []
 
     def is_compatible(self, verbose=False):
+        """Always False, so DeepSpeed's `__compatible_ops__` and `ds_report` show the op as unavailable on XLA."""
         return False
 
     def load(self, verbose=True):
+        """Never loads: raises RuntimeError naming the op as a CUDA kernel with no XLA implementation."""
         raise RuntimeError(f"DeepSpeed op '{self.name}' has no XLA implementation: it is a CUDA kernel. "
                            "Use a config that does not need it (e.g. a torch optimizer) on XLA devices.")
 
