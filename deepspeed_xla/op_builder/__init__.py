@@ -26,19 +26,23 @@ from deepspeed.ops.op_builder.builder import OpBuilder
 from . import torch_native
 
 
-class TorchNativeBuilder(OpBuilder):
-    """Builds nothing: load() returns a module of torch ops with the kernel's API."""
+class _NothingToCompile(OpBuilder):
+    """An op builder with no C++/CUDA sources: named by its class's NAME."""
 
     def __init__(self):
         super().__init__(name=self.NAME)
 
-    def absolute_name(self):
-        """OpBuilder's import path of the op: here the torch-native module in torch_native.py."""
-        return f"deepspeed_xla.op_builder.torch_native.{self.NAME}"
-
     def sources(self):
         """[]: no C++/CUDA source files for OpBuilder to compile."""
         return []
+
+
+class TorchNativeBuilder(_NothingToCompile):
+    """Builds nothing: load() returns a module of torch ops with the kernel's API."""
+
+    def absolute_name(self):
+        """OpBuilder's import path of the op: here the torch-native module in torch_native.py."""
+        return f"deepspeed_xla.op_builder.torch_native.{self.NAME}"
 
     def is_compatible(self, verbose=False):
         """Always True: torch ops run on any XLA device, so `ds_report` lists the op as compatible."""
@@ -70,21 +74,14 @@ class FusedLambBuilder(TorchNativeBuilder):
     MODULE = torch_native.fused_lamb
 
 
-class NotAvailableOnXlaBuilder(OpBuilder):
+class NotAvailableOnXlaBuilder(_NothingToCompile):
     """A CUDA-only kernel: incompatible, and load() names it."""
     BUILD_VAR = "DS_BUILD_NOT_AVAILABLE_ON_XLA"
     NAME = "unnamed op"
 
-    def __init__(self):
-        super().__init__(name=self.NAME)
-
     def absolute_name(self):
         """OpBuilder's import path of the op, a name only: nothing is importable there."""
         return f"deepspeed_xla.op_builder.{self.name}"
-
-    def sources(self):
-        """[]: no C++/CUDA source files for OpBuilder to compile."""
-        return []
 
     def is_compatible(self, verbose=False):
         """Always False, so DeepSpeed's `__compatible_ops__` and `ds_report` show the op as unavailable on XLA."""
