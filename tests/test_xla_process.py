@@ -1,7 +1,8 @@
 """What a DS_ACCELERATOR=xla process gets beyond the accelerator's methods, each in a fresh
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
-within the model, and ZeRO-1/2 flatten their gradients instead of copying them into a bucket."""
+within the model, ZeRO-1/2 flatten their gradients instead of copying them into a bucket, and the
+overflow check reads the device once."""
 
 import textwrap
 
@@ -84,6 +85,40 @@ def test_zero_1_and_2_flatten_gradients_instead_of_copying_them_into_a_contiguou
     """)
     result = last_json(run_python(code, "xla"))
     assert result == {"1": [False, False], "2": [False, False], "3": [True, True]}, result
+
+
+def test_overflow_check_reads_the_device_once_and_answers_as_on_the_host():
+    """DeepSpeed's CheckOverflow (FP16_Optimizer's, used by bf16 without ZeRO) asks gradient by
+    gradient; on XLA the answers are combined on the device and read once, with the same result."""
+    code = textwrap.dedent("""
+        import json, torch, deepspeed, torch_xla
+        import torch_xla.debug.metrics as metrics
+        from deepspeed.runtime.utils import CheckOverflow
+
+        def params(device, bad):
+            out = []
+            for i in range(8):
+                p = torch.nn.Parameter(torch.ones(4, device=device))
+                p.grad = torch.ones(4, device=device)
+                if i == bad:
+                    p.grad[1] = float("inf") if i % 2 else float("nan")
+                out.append(p)
+            return out
+
+        def transfers():
+            return (metrics.metric_data("TransferFromDeviceTime") or [0])[0]
+
+        seen = {}
+        for bad in (None, 0, 5, 7):
+            xla_params = params(torch_xla.device(), bad)
+            torch_xla.sync()
+            before = transfers()
+            answer = CheckOverflow().has_overflow_serial(xla_params)
+            seen[str(bad)] = [answer, CheckOverflow().has_overflow_serial(params("cpu", bad)), transfers() - before]
+        print(json.dumps(seen))
+    """)
+    result = last_json(run_python(code, "xla"))
+    assert result == {"None": [False, False, 1], "0": [True, True, 1], "5": [True, True, 1], "7": [True, True, 1]}, result
 
 
 @pytest.mark.parametrize("configured, numel, expected", [(500_000_000, 55, 56), (500_000_000, 2_000, 2_000),
