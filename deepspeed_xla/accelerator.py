@@ -184,22 +184,22 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         return self.memory_allocated(device_index)
 
     def max_memory_cached(self, device_index=None):
-        return self.max_memory_allocated(device_index)
+        return self._memory.peak(self._device_of(device_index))
 
     def reset_max_memory_cached(self, device_index=None):
-        self.reset_max_memory_allocated(device_index)
+        self._memory.reset_peak(self._device_of(device_index))
 
     def memory_stats(self, device_index=None):
         return self._memory.stats(self._device_of(device_index))
 
     def reset_peak_memory_stats(self, device_index=None):
-        self.reset_max_memory_allocated(device_index)
+        self._memory.reset_peak(self._device_of(device_index))
 
     def memory_reserved(self, device_index=None):
         return self.memory_allocated(device_index)
 
     def max_memory_reserved(self, device_index=None):
-        return self.max_memory_allocated(device_index)
+        return self._memory.peak(self._device_of(device_index))
 
     def total_memory(self, device_index=None):
         return self._memory.usage(self._device_of(device_index))[2]
