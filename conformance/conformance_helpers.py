@@ -1,10 +1,12 @@
-"""Helpers shared by conformance checks (not checks themselves)."""
+"""Helpers shared by conformance checks (not checks themselves): they run things and parametrize
+checks; the assertions checks share are in assertions.py."""
 
 import json
 import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from harness import candidate_env
@@ -16,6 +18,13 @@ INDEX_FORMS = {
     "str": lambda i: str(i),
     "device": lambda i: torch.device("xla", i),
 }
+
+
+def covering(method, *values):
+    """A pytest.param of a check parametrized over sibling DeepSpeedAccelerator methods: `method`,
+    then `values`, with the method as its id, marked as covering it (harness/checklist.py)."""
+    return pytest.param(method, *values, id=method, marks=pytest.mark.covers(method))
+
 
 def host(tensor):
     """Host copy of an XLA tensor (runs its pending graph)."""
