@@ -8,6 +8,8 @@ conformance_helpers.py.
 import torch
 from conformance_helpers import host
 
+from harness.loss_comparison import compare_losses, describe_mismatch
+
 
 def call_text(method, *args, **kwargs):
     """How a message names a call: `method(arg, ..., key=value)`, each value as its repr."""
@@ -59,3 +61,14 @@ def assert_tensor(tensor, what, *, device_type=None, dtype=None, shape=None, val
     if values is not None and host(tensor).tolist() != values:
         wrong.append(f"holding {host(tensor).tolist()}, expected {values}")
     assert not wrong, f"{what} gave a tensor {'; '.join(wrong)}" + (f" ({why})" if why else "")
+
+
+def assert_losses_match(expected, run, precision, evidence, what, *, device_type=None, reference="the CPU reference"):
+    """Assert that training `run` (a harness TrainingRun) logged every step's loss within `precision`'s
+    tolerance (fixtures/tolerances.toml) of `expected`, the losses of `reference`, and trained on a
+    `device_type` device when one is given; evidence records the comparison and the device."""
+    comparison = compare_losses(expected, run.losses, precision)
+    evidence.update(comparison, device=run.device)
+    if device_type is not None:
+        assert run.device.startswith(device_type), f"{what}: trained on {run.device}, not on a device of type {device_type!r}"
+    assert comparison["ok"], describe_mismatch(comparison, what, reference)
