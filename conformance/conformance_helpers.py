@@ -1,15 +1,19 @@
 """Helpers shared by conformance checks (not checks themselves): they run things and parametrize
 checks; the assertions checks share are in assertions.py."""
 
+import functools
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 from harness import candidate_env
+from harness.paths import FIXTURES
 from harness.training_cases import training_cases
 
 # DeepSpeed passes device indices as ints, as strings ("0", from env and configs) and as torch.device.
@@ -29,6 +33,16 @@ def covering(method, *values):
 def training_case_params(area):
     """The cases of `area` in fixtures/training_cases.toml as pytest parameters, each with its id."""
     return [pytest.param(case, id=case.id) for case in training_cases(area)]
+
+
+@functools.cache
+def import_fixture_script(script):
+    """A fixture script (relative to fixtures/) imported as a module, once per process: what it
+    defines (a model, its data, its cases), without running it as a script."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, FIXTURES / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def host(tensor):
