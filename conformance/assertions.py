@@ -11,7 +11,7 @@ from conformance_helpers import host
 from harness.loss_comparison import compare_losses, describe_mismatch
 
 
-def call_text(method, *args, **kwargs):
+def _call_text(method, *args, **kwargs):
     """How a message names a call: `method(arg, ..., key=value)`, each value as its repr."""
     shown = [repr(arg) for arg in args] + [f"{key}={value!r}" for key, value in kwargs.items()]
     return f"{method}({', '.join(shown)})"
@@ -20,7 +20,7 @@ def call_text(method, *args, **kwargs):
 def returns(accel, method, *args, expected, accepts, **kwargs):
     """accel.<method>(*args, **kwargs), asserted to be what `expected` describes (`accepts(value)` is True)."""
     value = getattr(accel, method)(*args, **kwargs)
-    assert accepts(value), (f"{call_text(method, *args, **kwargs)} returned {value!r} ({type(value).__name__}), "
+    assert accepts(value), (f"{_call_text(method, *args, **kwargs)} returned {value!r} ({type(value).__name__}), "
                             f"expected {expected}")
     return value
 
