@@ -1,14 +1,20 @@
-"""Helpers shared by conformance checks (not checks themselves)."""
+"""Helpers shared by conformance checks (not checks themselves): they run things and parametrize
+checks; the assertions checks share are in assertions.py."""
 
+import functools
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
+import pytest
 import torch
 
 from harness import candidate_env
-from harness.loss_comparison import compare_losses, describe_mismatch
+from harness.paths import FIXTURES
+from harness.training_cases import training_cases
 
 # DeepSpeed passes device indices as ints, as strings ("0", from env and configs) and as torch.device.
 INDEX_FORMS = {
@@ -16,6 +22,28 @@ INDEX_FORMS = {
     "str": lambda i: str(i),
     "device": lambda i: torch.device("xla", i),
 }
+
+
+def covering(method, *values):
+    """A pytest.param of a check parametrized over sibling DeepSpeedAccelerator methods: `method`,
+    then `values`, with the method as its id, marked as covering it (harness/checklist.py)."""
+    return pytest.param(method, *values, id=method, marks=pytest.mark.covers(method))
+
+
+def training_case_params(area):
+    """The cases of `area` in fixtures/training_cases.toml as pytest parameters, each with its id."""
+    return [pytest.param(case, id=case.id) for case in training_cases(area)]
+
+
+@functools.cache
+def import_fixture_script(script):
+    """A fixture script (relative to fixtures/) imported as a module, once per process: what it
+    defines (a model, its data, its cases), without running it as a script."""
+    spec = importlib.util.spec_from_file_location(Path(script).stem, FIXTURES / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 def host(tensor):
     """Host copy of an XLA tensor (runs its pending graph)."""
@@ -37,13 +65,3 @@ def run_fresh(candidate, code, timeout=300):
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
         raise AssertionError(f"fresh process with the candidate failed (exit {proc.returncode}):\n{tail}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
-
-
-def assert_trains_like_reference(case, candidate, reference, evidence, workdir, what):
-    """Train `case` on `candidate` and compare every step's loss with `reference` (a
-    harness.references.Reference) within the case's precision tolerance; evidence records both."""
-    run = case.run(candidate, workdir)
-    comparison = compare_losses(reference.losses, run.losses, case.precision)
-    evidence.update(comparison, **reference.evidence(), config=case.config, ranks=case.ranks, device=run.device)
-    assert run.device.startswith("xla"), f"the candidate trained on {run.device}, not on an XLA device"
-    assert comparison["ok"], describe_mismatch(comparison, f"{what} ({reference.source} reference)")

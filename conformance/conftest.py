@@ -3,6 +3,7 @@ plugin (harness/plugin.py) when these run; checks reach it the way DeepSpeed doe
 
 import pytest
 import torch
+from assertions import assert_losses_match
 
 from harness import candidate_env, references
 
@@ -36,8 +37,16 @@ def restore_device(accel):
 
 
 @pytest.fixture
-def reference(request, tmp_path):
-    """reference(case): the CPU reference curve of a training case, trained live in this run or
-    stored (fixtures/references/), as `--reference` says (harness/references.py)."""
+def trains_like_reference(request, candidate, evidence, tmp_path):
+    """trains_like_reference(case, what): train a training case on the candidate and assert that every
+    step's loss matches the case's CPU reference curve, trained live in this run or stored
+    (fixtures/references/) as `--reference` says (harness/references.py); `what` names the run."""
     mode = request.config.getoption("harness_reference")
-    return lambda case: references.reference_for(case, mode, tmp_path / "reference")
+
+    def check(case, what):
+        reference = references.reference_for(case, mode, tmp_path / "reference")
+        run = case.run(candidate, tmp_path / "candidate")
+        evidence.update(reference.evidence(), config=case.config, ranks=case.ranks)
+        assert_losses_match(reference.losses, run, case.precision, evidence, f"{what} ({reference.source} reference)",
+                            device_type="xla")
+    return check

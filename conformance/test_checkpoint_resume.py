@@ -1,8 +1,9 @@
-"""Checkpoints move between the candidate and DeepSpeed's CPU accelerator (ZeRO-2 and ZeRO-3,
-2 ranks through DeepSpeed's launcher).
+"""Checkpoints move between the candidate and DeepSpeed's CPU accelerator.
 
-A run of fixtures/train.py trains 6 steps and saves a checkpoint after step 3. Resuming from
-it must reproduce steps 4-6 of the uninterrupted run within the fp32 tolerance:
+The cases are the `checkpoint` table of fixtures/training_cases.toml (ZeRO-2 and ZeRO-3 on 2
+ranks through DeepSpeed's launcher): a run of the script saves a checkpoint after step
+`save_after`. Resuming from it must reproduce the later steps of the uninterrupted run within the
+case's tolerance:
 - saved on the candidate, resumed on the candidate (save/load round trip on the device);
 - saved on the candidate, resumed on CPU (the checkpoint must not hold device tensors, or
   a TPU-trained model cannot be evaluated or converted anywhere else);
@@ -10,55 +11,44 @@ it must reproduce steps 4-6 of the uninterrupted run within the fp32 tolerance:
 """
 
 import pytest
-
-from harness.loss_comparison import compare_losses, describe_mismatch
-from harness.paths import FIXTURES
-from harness.training import run_training
+from assertions import assert_losses_match
+from conformance_helpers import training_case_params
 
 pytestmark = pytest.mark.area("checkpoint")
 
-SCRIPT = FIXTURES / "train.py"
-RANKS = 2
-STEPS = 6
-SAVE_AFTER = 3
-STAGES = (2, 3)
-
-_saved = {}  # (stage, saved on) -> (checkpoint dir, losses of the uninterrupted run); once per run
+_saved = {}  # (case id, saved on) -> (checkpoint dir, losses of the uninterrupted run); once per run
 
 
-def _train(stage, accelerator, workdir, extra_args):
-    """Train on `accelerator` (a CandidateSpec; None: DeepSpeed's CPU accelerator)."""
-    return run_training(SCRIPT, FIXTURES / "configs" / f"zero{stage}.json", accelerator, workdir,
-                        world_size=RANKS, steps=STEPS, launcher="deepspeed", extra_args=extra_args)
+def _accelerator(where, candidate):
+    """What a run on `where` ("candidate" or "cpu") trains on: the candidate, or None for DeepSpeed's CPU accelerator."""
+    return candidate if where == "candidate" else None
 
 
-def _checkpoint(stage, saved_on, candidate, tmp_path_factory):
-    key = (stage, saved_on)
+def _checkpoint(case, saved_on, candidate, tmp_path_factory):
+    key, save_after = (case.id, saved_on), case.area_fields["save_after"]
     if key not in _saved:
-        workdir = tmp_path_factory.mktemp(f"zero{stage}-saved-on-{saved_on}")
+        workdir = tmp_path_factory.mktemp(f"{case.id}-saved-on-{saved_on}")
         ckpt = workdir / "checkpoint"
-        run = _train(stage, candidate if saved_on == "candidate" else None, workdir,
-                     ["--save-dir", ckpt, "--save-after", SAVE_AFTER])
+        run = case.run(_accelerator(saved_on, candidate), workdir, extra_args=["--save-dir", ckpt, "--save-after", save_after])
         latest = ckpt / "latest"
-        assert latest.is_file() and latest.read_text().strip() == f"global_step{SAVE_AFTER}", (
-            f"ZeRO-{stage} on {saved_on}: save_checkpoint after step {SAVE_AFTER} left no "
-            f"'latest' tag naming global_step{SAVE_AFTER} in {ckpt}")
+        assert latest.is_file() and latest.read_text().strip() == f"global_step{save_after}", (
+            f"{case.config} on {saved_on}: save_checkpoint after step {save_after} left no "
+            f"'latest' tag naming global_step{save_after} in {ckpt}")
         _saved[key] = (ckpt, run.losses)
     return _saved[key]
 
 
-@pytest.mark.parametrize("stage", STAGES, ids=[f"zero{stage}" for stage in STAGES])
+@pytest.mark.parametrize("case", training_case_params("checkpoint"))
 @pytest.mark.parametrize("saved_on,resumed_on", [("candidate", "candidate"), ("candidate", "cpu"),
                                                  ("cpu", "candidate")],
                          ids=["candidate-to-candidate", "candidate-to-cpu", "cpu-to-candidate"])
-def test_checkpoint_resumes_where_it_stopped(stage, saved_on, resumed_on, candidate, evidence, tmp_path,
+def test_checkpoint_resumes_where_it_stopped(case, saved_on, resumed_on, candidate, evidence, tmp_path,
                                              tmp_path_factory):
-    ckpt, uninterrupted = _checkpoint(stage, saved_on, candidate, tmp_path_factory)
-    resumed = _train(stage, candidate if resumed_on == "candidate" else None, tmp_path, ["--load-dir", ckpt])
-    comparison = compare_losses(uninterrupted[SAVE_AFTER:], resumed.losses, "fp32")
-    evidence.update(comparison, stage=stage, saved_on=saved_on, resumed_on=resumed_on, device=resumed.device)
-    assert resumed.device.startswith("xla" if resumed_on == "candidate" else "cpu"), (
-        f"the run resumed on {resumed_on} trained on {resumed.device}")
-    assert comparison["ok"], describe_mismatch(
-        comparison, f"ZeRO-{stage} checkpoint saved on {saved_on} after step {SAVE_AFTER}, resumed on {resumed_on}, "
-        f"against steps {SAVE_AFTER + 1}-{STEPS} of the uninterrupted run")
+    ckpt, uninterrupted = _checkpoint(case, saved_on, candidate, tmp_path_factory)
+    resumed = case.run(_accelerator(resumed_on, candidate), tmp_path, extra_args=["--load-dir", ckpt])
+    save_after = case.area_fields["save_after"]
+    evidence.update(config=case.config, saved_on=saved_on, resumed_on=resumed_on)
+    assert_losses_match(uninterrupted[save_after:], resumed, case.precision, evidence,
+                        f"{case.config} checkpoint saved on {saved_on} after step {save_after}, resumed on {resumed_on}",
+                        device_type="xla" if resumed_on == "candidate" else "cpu",
+                        reference=f"steps {save_after + 1}-{case.steps} of the uninterrupted run")

@@ -10,23 +10,17 @@ be refused at once on every rank, naming the operation, leaving the group usable
 per case and world size, named after the case.
 """
 
-import ast
 import json
 
 import pytest
+from conformance_helpers import import_fixture_script
 
 from harness.launching import launch
 from harness.paths import FIXTURES
 
 pytestmark = pytest.mark.area("collectives")
 
-SCRIPT = FIXTURES / "collectives.py"
-
-
-def case_names():
-    tree = ast.parse(SCRIPT.read_text())
-    return [node.name for node in tree.body if isinstance(node, ast.FunctionDef)
-            and any(getattr(d, "id", None) == "case" for d in node.decorator_list)]
+SCRIPT = "collectives.py"
 
 
 _runs = {}
@@ -36,7 +30,7 @@ def results(world_size, candidate, tmp_path_factory):
     if world_size not in _runs:
         workdir = tmp_path_factory.mktemp(f"collectives{world_size}")
         out = workdir / "results"
-        run = launch([SCRIPT, "--out", out], candidate, workdir, num_gpus=world_size, timeout=300)
+        run = launch([FIXTURES / SCRIPT, "--out", out], candidate, workdir, num_gpus=world_size, timeout=300)
         per_rank = {}
         for rank in range(world_size):
             path = out / f"rank{rank}.json"
@@ -46,7 +40,7 @@ def results(world_size, candidate, tmp_path_factory):
 
 
 @pytest.mark.parametrize("world_size", [2, 4], ids=["2ranks", "4ranks"])
-@pytest.mark.parametrize("case", case_names())
+@pytest.mark.parametrize("case", list(import_fixture_script(SCRIPT).CASES))
 def test_collective(case, world_size, candidate, evidence, tmp_path_factory):
     run, per_rank = results(world_size, candidate, tmp_path_factory)
     missing = [rank for rank, result in per_rank.items() if result is None]

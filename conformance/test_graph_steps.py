@@ -10,28 +10,25 @@ update), further steps must add no compilation.
 Each graph execution and each device-to-host transfer is a round trip that a TPU step waits on.
 The hand-written loop (same model, torch.optim.AdamW, one `torch_xla.sync()` per step, the
 loss read back) sets the bound; DeepSpeed's own step reads some values on the host (its
-overflow and gradient-norm checks), each one an execution and a transfer at most, listed per
-config in STEP_ALLOWANCE with where they come from. An accelerator that adds a sync or a host
-round trip per step fails with the counts.
+overflow and gradient-norm checks), each one an execution and a transfer at most: the `allowance`
+of each case of the `graph` table of fixtures/training_cases.toml, with where they come from. An
+accelerator that adds a sync or a host round trip per step fails with the counts.
 """
 
 import argparse
 import functools
-import importlib.util
 import os
 from dataclasses import dataclass
 
 import pytest
 import torch
+from conformance_helpers import import_fixture_script, training_case_params
 from xla_probe import graph_counters, sync
 
 from harness.launching import single_rank_env
 from harness.paths import FIXTURES
 
 pytestmark = pytest.mark.area("graph")
-
-WARMUP_STEPS, MEASURED_STEPS = 3, 4
-CONFIGS = ["zero0", "zero1", "zero2", "zero3", "zero2_bf16"]
 
 
 @dataclass(frozen=True)
@@ -42,31 +39,15 @@ class Allowance:
     why: str
 
 
-_NORM_CHECKS = ("ZeRO's step reads the global gradient norm on the host twice (the overflow check, "
-                "then the clipping check: `is_invalid_grad_norm` in stage_1_and_2.py)")
-STEP_ALLOWANCE = {
-    "zero0": Allowance(0, 0, "DeepSpeed's fp32 step without ZeRO reads nothing on the host"),
-    "zero1": Allowance(2, 2, _NORM_CHECKS),
-    "zero2": Allowance(2, 2, _NORM_CHECKS),
-    "zero3": Allowance(2, 1, "ZeRO-3's step reads the gradient norm once (stage3.py), and its backward pass "
-                       "ends in a graph cut of its own, before the step re-partitions the parameters"),
-    "zero2_bf16": Allowance(3, 3, _NORM_CHECKS + ", and in bf16 it first checks the gradients themselves for "
-                            "inf/NaN (`check_overflow`, one more read)"),
-}
-
-
 @pytest.fixture(scope="module")
-def train_fixture():
-    """fixtures/train.py as a module (its model and data), and a one-rank process group that
-    is taken down afterwards (other checks in this process expect none)."""
+def one_rank_group():
+    """A one-rank process group for the engines these checks build, taken down afterwards (other
+    checks in this process expect none)."""
     import deepspeed
     saved = dict(os.environ)
     os.environ.update(single_rank_env())
     deepspeed.init_distributed()
-    spec = importlib.util.spec_from_file_location("train_fixture", FIXTURES / "train.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    yield module
+    yield
     deepspeed.comm.destroy_process_group()
     os.environ.clear()
     os.environ.update(saved)
@@ -81,17 +62,19 @@ def _per_step(step, batches):
     return counters
 
 
-def _measured_delta(counters, key):
-    """Mean per-step increase of counter `key` over the steps after warm-up."""
-    return (counters[-1][key] - counters[WARMUP_STEPS - 1][key]) / MEASURED_STEPS
+def _measured_delta(counters, key, case):
+    """Mean per-step increase of counter `key` over the case's steps after warm-up."""
+    warmup = case.area_fields["warmup_steps"]
+    return (counters[-1][key] - counters[warmup - 1][key]) / (case.steps - warmup)
 
 
 @functools.cache
-def _deepspeed_steps(config, train_fixture):
+def _deepspeed_steps(case):
     import deepspeed
+    script = import_fixture_script(case.script)
     torch.manual_seed(42)
-    model = train_fixture.MLP()
-    args = argparse.Namespace(deepspeed_config=str(FIXTURES / "configs" / f"{config}.json"), local_rank=0)
+    model = script.MLP()
+    args = argparse.Namespace(deepspeed_config=str(FIXTURES / case.config), local_rank=0)
     engine, _, _, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters())
     dtype = torch.bfloat16 if engine.bfloat16_enabled() else torch.float32
 
@@ -102,17 +85,18 @@ def _deepspeed_steps(config, train_fixture):
         loss.item()  # the value a training loop logs
 
     sync()
-    counters = _per_step(step, _batches(train_fixture, engine.train_micro_batch_size_per_gpu()))
+    counters = _per_step(step, script.batches(0, case.steps, engine.train_micro_batch_size_per_gpu(), 1))
     engine.destroy()
     return counters, dtype, engine.train_micro_batch_size_per_gpu()
 
 
 @functools.cache
-def _hand_loop_steps(dtype, micro_batch, train_fixture):
+def _hand_loop_steps(script_name, steps, dtype, micro_batch):
     """The loop a PyTorch/XLA user writes: forward, backward, AdamW, one sync, the loss read back."""
+    script = import_fixture_script(script_name)
     device = torch.device("xla", 0)
     torch.manual_seed(42)
-    model = train_fixture.MLP().to(device, dtype)
+    model = script.MLP().to(device, dtype)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.01)
 
     def step(x, y):
@@ -124,36 +108,34 @@ def _hand_loop_steps(dtype, micro_batch, train_fixture):
         loss.item()
 
     sync()
-    return _per_step(step, _batches(train_fixture, micro_batch))
+    return _per_step(step, script.batches(0, steps, micro_batch, 1))
 
 
-def _batches(train_fixture, micro_batch):
-    return train_fixture.batches(0, WARMUP_STEPS + MEASURED_STEPS, micro_batch, 1)
-
-
-@pytest.mark.parametrize("config", CONFIGS)
-def test_training_step_stops_compiling_after_warmup(config, train_fixture, evidence):
-    counters, _, _ = _deepspeed_steps(config, train_fixture)
+@pytest.mark.parametrize("case", training_case_params("graph"))
+def test_training_step_stops_compiling_after_warmup(case, one_rank_group, evidence):
+    counters, _, _ = _deepspeed_steps(case)
+    warmup = case.area_fields["warmup_steps"]
     per_step = [c["compilations"] for c in counters]
-    added = per_step[-1] - per_step[WARMUP_STEPS - 1]
-    evidence.update(config=config, compilations_after_each_step=per_step, warmup_steps=WARMUP_STEPS,
+    added = per_step[-1] - per_step[warmup - 1]
+    evidence.update(config=case.id, compilations_after_each_step=per_step, warmup_steps=warmup,
                     compilations_after_warmup=added)
-    assert added == 0, (f"{config}: {added} new XLA compilations in the {MEASURED_STEPS} steps after warm-up "
+    assert added == 0, (f"{case.id}: {added} new XLA compilations in the {case.steps - warmup} steps after warm-up "
                         f"(cumulative count per step {per_step}): a per-step value is being traced into the graph "
                         "(as a constant or a shape)")
 
 
-@pytest.mark.parametrize("config", CONFIGS)
-def test_training_step_runs_as_few_graphs_as_a_hand_loop(config, train_fixture, evidence):
-    counters, dtype, micro_batch = _deepspeed_steps(config, train_fixture)
-    hand = _hand_loop_steps(dtype, micro_batch, train_fixture)
-    allowance = STEP_ALLOWANCE[config]
-    measured = {key: (_measured_delta(counters, key), _measured_delta(hand, key)) for key in ("executions", "transfers")}
+@pytest.mark.parametrize("case", training_case_params("graph"))
+def test_training_step_runs_as_few_graphs_as_a_hand_loop(case, one_rank_group, evidence):
+    counters, dtype, micro_batch = _deepspeed_steps(case)
+    hand = _hand_loop_steps(case.script, case.steps, dtype, micro_batch)
+    allowance = Allowance(**case.area_fields["allowance"])
+    measured = {key: (_measured_delta(counters, key, case), _measured_delta(hand, key, case))
+                for key in ("executions", "transfers")}
     bounds = {"executions": allowance.executions, "transfers": allowance.transfers}
-    evidence.update(config=config, steps_measured=MEASURED_STEPS, allowance_why=allowance.why,
+    evidence.update(config=case.id, steps_measured=case.steps - case.area_fields["warmup_steps"], allowance_why=allowance.why,
                     **{f"{key}_per_step": {"deepspeed": ds, "hand_loop": own, "bound": own + bounds[key]}
                        for key, (ds, own) in measured.items()})
     over = [f"{ds:g} graph {key} per step, the hand loop {own:g}, bound {own + bounds[key]:g}"
             for key, (ds, own) in measured.items() if ds > own + bounds[key]]
-    assert not over, (f"{config}: {'; '.join(over)} (allowed beyond the hand loop: {allowance.why}): "
+    assert not over, (f"{case.id}: {'; '.join(over)} (allowed beyond the hand loop: {allowance.why}): "
                       f"something in the step syncs or reads a device value on the host that DeepSpeed does not ask for")

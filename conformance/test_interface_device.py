@@ -7,6 +7,7 @@ and compares them with current_device_name(); index forms are ints, strings and 
 
 import pytest
 import torch
+from assertions import assert_tensor, returns_index
 from conformance_helpers import INDEX_FORMS, host, run_fresh
 from xla_probe import RUNTIME_STARTED_SOURCE, pending_ops
 
@@ -57,9 +58,8 @@ def test_device_name__outside_a_launched_rank(accel, xla_device, evidence):
 
 
 def test_device_name__usable_by_torch(accel):
-    tensor = torch.arange(3, device=torch.device(accel.device_name(0)))
-    assert tensor.device.type == "xla", f"a tensor created on device_name(0) landed on {tensor.device}"
-    assert host(tensor).tolist() == [0, 1, 2]
+    assert_tensor(torch.arange(3, device=torch.device(accel.device_name(0))), "arange(3) created on device_name(0)",
+                  device_type="xla", values=[0, 1, 2])
 
 
 @pytest.mark.parametrize("form", INDEX_FORMS)
@@ -71,10 +71,10 @@ def test_device(accel, form):
     assert isinstance(device, torch.device) and device.type == "xla", (
         f"device({index!r}) returned {device!r} ({type(device).__name__}); DeepSpeed uses it as a torch.device "
         "(engine.device, init_process_group's device_id), as CUDA's accelerator returns")
-    assert torch.zeros(2).to(device).device.type == "xla", f"a tensor moved to device({index!r}) is not on XLA"
+    assert_tensor(torch.zeros(2).to(device), f"zeros(2).to(device({index!r}))", device_type="xla")
     with device:  # activation checkpointing also enters it as a context
         tensor = torch.ones(2, device=accel.device_name(index)) * 3
-    assert host(tensor).tolist() == [3.0, 3.0], f"work inside `with device({index!r})` computed {host(tensor)}"
+    assert_tensor(tensor, f"ones(2) * 3 inside `with device({index!r})`", values=[3.0, 3.0])
 
 
 class _TiedModel(torch.nn.Module):
@@ -126,9 +126,7 @@ def test_set_device(accel, restore_device, xla_device, monkeypatch, form, local_
 
 
 def test_current_device(accel):
-    current = accel.current_device()
-    assert isinstance(current, int) and not isinstance(current, bool), (
-        f"current_device() returned {current!r} ({type(current).__name__}); DeepSpeed uses it as an int index")
+    current = returns_index(accel, "current_device")
     assert accel.device_name(current) == accel.current_device_name(), (
         f"device_name(current_device()) = {accel.device_name(current)!r} but current_device_name() = "
         f"{accel.current_device_name()!r}")
@@ -137,9 +135,8 @@ def test_current_device(accel):
 def test_current_device_name(accel):
     name = accel.current_device_name()
     assert isinstance(name, str) and name.startswith("xla"), f"current_device_name() returned {name!r}"
-    tensor = torch.full((2, ), 5.0, device=name)
-    assert tensor.device.type == "xla" and host(tensor).tolist() == [5.0, 5.0], (
-        f"a tensor created on current_device_name() = {name!r} is {tensor.device} with {host(tensor)}")
+    assert_tensor(torch.full((2, ), 5.0, device=name), f"full((2,), 5.0) created on current_device_name() = {name!r}",
+                  device_type="xla", values=[5.0, 5.0])
 
 
 # The launcher parent counts devices before any worker starts; on a TPU host the process that
@@ -194,7 +191,7 @@ def test_synchronize(accel, xla_device, form, evidence):
     evidence["pending_after_synchronize"] = pending
     assert not pending, (f"after synchronize({'' if form is None else form}), the tensor still has a pending graph "
                          f"({', '.join(pending)}): synchronize must execute queued work and wait for it")
-    assert host(tensor).tolist() == [3.0] * 4
+    assert_tensor(tensor, "ones(4) * 2 + 1 after synchronize()", values=[3.0] * 4)
 
 
 def test_on_accelerator(accel, xla_device):

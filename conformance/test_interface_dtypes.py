@@ -4,7 +4,8 @@ on the device, and supported_dtypes() must agree with the is_*_supported answers
 import pytest
 import torch
 
-from conformance_helpers import host
+from assertions import assert_tensor, returns_bool
+from conformance_helpers import covering, host
 
 pytestmark = pytest.mark.area("interface")
 
@@ -14,28 +15,19 @@ def _matmul_matches(dtype, xla_device, rtol):
     b = torch.randn(16, 16, generator=torch.Generator().manual_seed(1))
     expected = a.to(dtype).float() @ b.to(dtype).float()
     result = host(a.to(dtype).to(xla_device) @ b.to(dtype).to(xla_device))
-    assert result.dtype == dtype, f"{dtype} matmul on the device returned {result.dtype}"
+    assert_tensor(result, f"{dtype} matmul on the device", dtype=dtype)
     return torch.allclose(result.float(), expected, rtol=rtol, atol=rtol)
 
 
-def _claim(accel, method):
-    value = getattr(accel, method)()
-    assert isinstance(value, bool), f"{method}() returned {value!r}, expected a bool"
-    return value
-
-
-def test_is_bf16_supported(accel, xla_device):
-    if _claim(accel, "is_bf16_supported"):
-        assert _matmul_matches(torch.bfloat16, xla_device, 5e-2), "is_bf16_supported() but bf16 matmul is wrong"
-
-
-def test_is_fp16_supported(accel, xla_device):
-    if _claim(accel, "is_fp16_supported"):
-        assert _matmul_matches(torch.float16, xla_device, 1e-2), "is_fp16_supported() but fp16 matmul is wrong"
+@pytest.mark.parametrize("claim, dtype, rtol", [covering("is_bf16_supported", torch.bfloat16, 5e-2),
+                                                covering("is_fp16_supported", torch.float16, 1e-2)])
+def test_half_precision_claim(accel, xla_device, claim, dtype, rtol):
+    if returns_bool(accel, claim):
+        assert _matmul_matches(dtype, xla_device, rtol), f"{claim}() but {dtype} matmul on the device is wrong"
 
 
 def test_is_fp64_supported(accel, xla_device):
-    if _claim(accel, "is_fp64_supported"):
+    if returns_bool(accel, "is_fp64_supported"):
         value = host(torch.tensor([1.0], dtype=torch.float64, device=xla_device) + 1e-12)
         assert value.dtype == torch.float64 and value.item() != 1.0, (
             f"is_fp64_supported() but 1 + 1e-12 in float64 on the device gave {value.item()!r} ({value.dtype})")
@@ -51,5 +43,5 @@ def test_supported_dtypes(accel, xla_device):
             f"supported_dtypes() {'lists' if dtype in dtypes else 'omits'} {dtype} but {claim}() is "
             f"{getattr(accel, claim)()}")
     for dtype in dtypes:
-        value = host(torch.ones(2, dtype=dtype, device=xla_device) * 3)
-        assert value.dtype == dtype and value.float().tolist() == [3.0, 3.0], f"{dtype} arithmetic on the device failed"
+        assert_tensor(torch.ones(2, dtype=dtype, device=xla_device) * 3, f"{dtype} arithmetic on the device (ones * 3)",
+                      dtype=dtype, values=[3.0, 3.0], why="supported_dtypes() lists it")

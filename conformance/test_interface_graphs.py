@@ -9,7 +9,7 @@ defect. The compile backend must be one torch.compile knows.
 import pytest
 import torch
 
-from conformance_helpers import host
+from assertions import assert_tensor
 
 pytestmark = pytest.mark.area("interface")
 
@@ -28,30 +28,34 @@ def test_create_graph(accel):
     assert graph is not None or refusal is not None, "create_graph() returned None without refusing"
 
 
-def test_capture_to_graph(accel, xla_device):
+def _captured_doubling(accel, xla_device, method):
+    """(graph, source, result) with `result = source * 2` captured into a graph, or None when the
+    candidate refuses capture and `method` refuses it as clearly."""
     graph, refusal = _graph_or_refusal(accel)
     if refusal is not None:
         with pytest.raises(NotImplementedError, match=r"\w"):
-            accel.capture_to_graph(graph)
-        return
+            getattr(accel, method)(graph)
+        return None
     source = torch.ones(3, device=xla_device)
     with accel.capture_to_graph(graph):
         result = source * 2
-    assert host(result).tolist() == [2.0] * 3
+    return graph, source, result
+
+
+def test_capture_to_graph(accel, xla_device):
+    captured = _captured_doubling(accel, xla_device, "capture_to_graph")
+    if captured is not None:
+        assert_tensor(captured[2], "source * 2 captured into a graph", values=[2.0] * 3)
 
 
 def test_replay_graph(accel, xla_device):
-    graph, refusal = _graph_or_refusal(accel)
-    if refusal is not None:
-        with pytest.raises(NotImplementedError, match=r"\w"):
-            accel.replay_graph(graph)
-        return
-    source = torch.ones(3, device=xla_device)
-    with accel.capture_to_graph(graph):
-        result = source * 2
-    source.fill_(4.0)
-    accel.replay_graph(graph)
-    assert host(result).tolist() == [8.0] * 3, "replay_graph did not recompute the captured work on new inputs"
+    captured = _captured_doubling(accel, xla_device, "replay_graph")
+    if captured is not None:
+        graph, source, result = captured
+        source.fill_(4.0)
+        accel.replay_graph(graph)
+        assert_tensor(result, "replay_graph() after the captured source * 2 got source 4.0", values=[8.0] * 3,
+                      why="replaying must recompute the captured work on the new inputs")
 
 
 def test_is_current_stream_capturing(accel):

@@ -6,16 +6,15 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from assertions import assert_tensor, returns
 from conformance_helpers import host
 
 pytestmark = pytest.mark.area("interface")
 
 
 def _names(accel, method):
-    names = getattr(accel, method)()
-    assert isinstance(names, (list, tuple)) and all(isinstance(n, str) and n for n in names), (
-        f"{method}() returned {names!r}, expected a list of environment variable names")
-    return names
+    return returns(accel, method, expected="a list of environment variable names",
+                   accepts=lambda names: isinstance(names, (list, tuple)) and all(isinstance(n, str) and n for n in names))
 
 
 def test_export_envs(accel):
@@ -48,6 +47,6 @@ def test_communication_backend_name(accel, xla_device, evidence):
         tensor = torch.arange(4, dtype=torch.float32, device=xla_device)
         dist.all_reduce(tensor)
         evidence["all_reduce_world_1"] = host(tensor).tolist()
-        assert host(tensor).tolist() == [0.0, 1.0, 2.0, 3.0], "all_reduce over one rank changed the data"
+        assert_tensor(tensor, f"all_reduce of arange(4) over one {name} rank", values=[0.0, 1.0, 2.0, 3.0])
     finally:
         dist.destroy_process_group()

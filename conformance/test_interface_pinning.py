@@ -5,16 +5,14 @@ the right shape and dtype, and the copies must carry the data."""
 
 import pytest
 import torch
-
+from assertions import assert_tensor, returns_bool
 
 pytestmark = pytest.mark.area("interface")
 
 
 def _check_host_buffer(buffer, shape, dtype, what):
-    assert isinstance(buffer, torch.Tensor), f"{what} returned {type(buffer).__name__}, expected a tensor"
-    assert buffer.device.type == "cpu", f"{what} returned a tensor on {buffer.device}; host buffers live on cpu"
-    assert tuple(buffer.shape) == tuple(shape) and buffer.dtype == dtype, (
-        f"{what} returned shape {tuple(buffer.shape)} {buffer.dtype}, expected {tuple(shape)} {dtype}")
+    assert_tensor(buffer, what, device_type="cpu", shape=shape, dtype=dtype,
+                  why="ZeRO offload stages optimizer state in host buffers")
 
 
 def test_pin_memory(accel, xla_device):
@@ -50,10 +48,8 @@ def test_pin_empty_like(accel, xla_device):
 
 def test_is_pinned(accel):
     pinned = accel.pin_memory(torch.ones(4))
-    for label, tensor in (("pin_memory result", pinned), ("plain cpu tensor", torch.ones(4))):
-        value = accel.is_pinned(tensor)
-        assert isinstance(value, bool), f"is_pinned({label}) returned {value!r}, expected a bool"
-    assert accel.is_pinned(torch.ones(4)) is False, "is_pinned() claims an ordinary pageable tensor is pinned"
+    returns_bool(accel, "is_pinned", pinned)
+    assert returns_bool(accel, "is_pinned", torch.ones(4)) is False, "is_pinned() claims an ordinary pageable tensor is pinned"
 
 
 def test_unpin_memory(accel):
@@ -64,9 +60,7 @@ def test_unpin_memory(accel):
 
 def test_register_host_memory(accel):
     buffer = torch.zeros(1024, dtype=torch.uint8)
-    registered = accel.register_host_memory(buffer.data_ptr(), buffer.numel())
-    assert isinstance(registered, bool), f"register_host_memory returned {registered!r}, expected a bool"
-    if registered:
+    if returns_bool(accel, "register_host_memory", buffer.data_ptr(), buffer.numel()):
         accel.unregister_host_memory(buffer.data_ptr())
 
 

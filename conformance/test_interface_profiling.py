@@ -4,7 +4,7 @@ instrument_w_nvtx, pushing and popping a named range around every call, nested."
 import pytest
 import torch
 
-from conformance_helpers import host
+from assertions import assert_tensor
 
 pytestmark = pytest.mark.area("interface")
 
@@ -15,7 +15,7 @@ def test_range_push(accel, xla_device):
     result = torch.ones(2, device=xla_device) + 1
     accel.range_pop()
     accel.range_pop()
-    assert host(result).tolist() == [2.0, 2.0]
+    assert_tensor(result, "ones(2) + 1 inside nested range_push/range_pop", values=[2.0, 2.0])
 
 
 def test_range_pop(accel):

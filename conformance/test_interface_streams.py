@@ -5,6 +5,7 @@ recorded on streams and queried, synchronized and timed."""
 import pytest
 import torch
 
+from assertions import assert_tensor
 from conformance_helpers import INDEX_FORMS, host
 
 pytestmark = pytest.mark.area("interface")
@@ -30,7 +31,7 @@ def test_Stream(accel, xla_device):
     with accel.stream(side):
         tensor = torch.ones(4, device=xla_device) * 2
     accel.current_stream().wait_stream(side)
-    assert host(tensor).tolist() == [2.0] * 4, f"work issued inside `with stream(Stream())` computed {host(tensor)}"
+    assert_tensor(tensor, "ones(4) * 2 inside `with stream(Stream())`", values=[2.0] * 4)
 
 
 def test_stream(accel, xla_device):
@@ -40,7 +41,7 @@ def test_stream(accel, xla_device):
         f"stream(s) returned {context!r}, which is not a context manager")
     with context:
         tensor = torch.arange(3, device=xla_device) + 1
-    assert host(tensor).tolist() == [1, 2, 3]
+    assert_tensor(tensor, "arange(3) + 1 inside `with stream(s)`", values=[1, 2, 3])
 
 
 @pytest.mark.parametrize("form", [None, *INDEX_FORMS])
@@ -77,7 +78,7 @@ def test_Event(accel, xla_device, evidence):
     elapsed = start.elapsed_time(end)
     evidence["elapsed_ms"] = elapsed
     assert isinstance(elapsed, float) and elapsed >= 0.0, f"elapsed_time returned {elapsed!r}; expected ms >= 0"
-    assert host(result).shape == (64, 64)
+    assert_tensor(host(result), "a 64x64 matmul between two recorded events", shape=(64, 64))
 
 
 def test_use_host_timers__deepspeed_timer(accel, xla_device, evidence):

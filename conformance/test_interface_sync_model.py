@@ -4,25 +4,20 @@ commits the accelerator to at DeepSpeed's call sites."""
 
 import pytest
 import torch
+from assertions import returns_bool
 
 pytestmark = pytest.mark.area("interface")
 
 
-def _assert_bool(accel, method):
-    value = getattr(accel, method)()
-    assert isinstance(value, bool), f"{method}() returned {value!r} ({type(value).__name__}), expected a bool"
-    return value
-
-
 def test_is_synchronized_device(accel, xla_device):
-    if not _assert_bool(accel, "is_synchronized_device"):
+    if not returns_bool(accel, "is_synchronized_device"):
         # ZeRO then creates side streams and calls tensor.record_stream(current_stream()).
         tensor = torch.ones(2, device=xla_device)
         tensor.record_stream(accel.current_stream())
 
 
 def test_use_host_timers(accel):
-    if not _assert_bool(accel, "use_host_timers"):
+    if not returns_bool(accel, "use_host_timers"):
         start, end = accel.Event(enable_timing=True), accel.Event(enable_timing=True)
         start.record()
         end.record()
@@ -31,7 +26,7 @@ def test_use_host_timers(accel):
 
 
 def test_resolves_data_dependency(accel, xla_device):
-    if not _assert_bool(accel, "resolves_data_dependency"):
+    if not returns_bool(accel, "resolves_data_dependency"):
         # ZeRO then records gradient buffers on the producing stream with an event.
         tensor = torch.ones(2, device=xla_device)
         tensor.record_stream(accel.current_stream())
@@ -40,4 +35,4 @@ def test_resolves_data_dependency(accel, xla_device):
 
 
 def test_handles_memory_backpressure(accel):
-    _assert_bool(accel, "handles_memory_backpressure")
+    returns_bool(accel, "handles_memory_backpressure")

@@ -4,51 +4,26 @@ ZeRO, and then all-reduces them across ranks, so they must live on the XLA devic
 
 import pytest
 import torch
-
-from conformance_helpers import host
+from assertions import assert_tensor
+from conformance_helpers import covering
 
 pytestmark = pytest.mark.area("interface")
 
+TENSOR_TYPES = {"FloatTensor": torch.float32, "HalfTensor": torch.float16, "BFloat16Tensor": torch.bfloat16,
+                "DoubleTensor": torch.float64, "ByteTensor": torch.uint8, "IntTensor": torch.int32,
+                "LongTensor": torch.int64}
 
-def _check_type(accel, name, dtype, evidence):
+
+@pytest.mark.parametrize("name, dtype", [covering(name, dtype) for name, dtype in TENSOR_TYPES.items()])
+def test_tensor_type(accel, name, dtype, evidence):
     constructor = getattr(accel, name)
     from_data = constructor([1, 0, 1])
     evidence.update(device=str(from_data.device), dtype=str(from_data.dtype))
-    assert from_data.device.type == "xla", (f"{name}([1, 0, 1]) created a tensor on {from_data.device}; DeepSpeed "
-                                            "all-reduces these on the accelerator, so they must be XLA tensors")
-    assert from_data.dtype == dtype, f"{name}([1, 0, 1]) has dtype {from_data.dtype}, expected {dtype}"
-    assert host(from_data).tolist() == [1, 0, 1], f"{name}([1, 0, 1]) holds {host(from_data).tolist()}"
+    assert_tensor(from_data, f"{name}([1, 0, 1])", device_type="xla", dtype=dtype, values=[1, 0, 1],
+                  why="DeepSpeed all-reduces these on the accelerator, so they must be XLA tensors of their type")
     # Information only: DeepSpeed always passes data; the sized form (torch.cuda.FloatTensor(2, 3)) is
     # the candidate's choice, and CUDA's own accelerator (a partial of torch.tensor) has none.
     try:
         evidence["sized_form_(2, 3)"] = str(tuple(constructor(2, 3).shape))
     except (TypeError, RuntimeError) as err:
         evidence["sized_form_(2, 3)"] = f"{type(err).__name__}: {err}"
-
-
-def test_FloatTensor(accel, evidence):
-    _check_type(accel, "FloatTensor", torch.float32, evidence)
-
-
-def test_HalfTensor(accel, evidence):
-    _check_type(accel, "HalfTensor", torch.float16, evidence)
-
-
-def test_BFloat16Tensor(accel, evidence):
-    _check_type(accel, "BFloat16Tensor", torch.bfloat16, evidence)
-
-
-def test_DoubleTensor(accel, evidence):
-    _check_type(accel, "DoubleTensor", torch.float64, evidence)
-
-
-def test_ByteTensor(accel, evidence):
-    _check_type(accel, "ByteTensor", torch.uint8, evidence)
-
-
-def test_IntTensor(accel, evidence):
-    _check_type(accel, "IntTensor", torch.int32, evidence)
-
-
-def test_LongTensor(accel, evidence):
-    _check_type(accel, "LongTensor", torch.int64, evidence)

@@ -12,16 +12,11 @@ and nowhere else.
 """
 
 import pytest
-from conformance_helpers import assert_trains_like_reference
-
-from harness.training_cases import training_cases
+from conformance_helpers import training_case_params
 
 pytestmark = pytest.mark.area("pipeline")
 
-CASES = training_cases("pipeline")
 
-
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_pipeline_loss_matches_cpu_reference(case, candidate, reference, evidence, tmp_path):
-    assert_trains_like_reference(case, candidate, reference(case), evidence, tmp_path / "candidate",
-                                 f"{case.id}: 2-stage pipeline on {case.ranks} ranks")
+@pytest.mark.parametrize("case", training_case_params("pipeline"))
+def test_pipeline_loss_matches_cpu_reference(case, trains_like_reference):
+    trains_like_reference(case, f"{case.id}: 2-stage pipeline on {case.ranks} ranks")

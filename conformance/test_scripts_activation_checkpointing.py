@@ -10,8 +10,8 @@ candidate's own plain run: dropout streams differ between devices, so the CPU cu
 """
 
 import pytest
+from assertions import assert_losses_match
 
-from harness.loss_comparison import compare_losses, describe_mismatch
 from harness.training_cases import TrainingCase
 
 pytestmark = pytest.mark.area("scripts")
@@ -26,7 +26,6 @@ def test_activation_checkpointing_keeps_the_training_trajectory(config, candidat
         case = TrainingCase("scripts", f"dropout-{mode}-{config}-1rank", "train_dropout.py", f"configs/{config}.json",
                             "fp32", 1, STEPS, args)
         runs[mode] = case.run(candidate, tmp_path / mode)
-    comparison = compare_losses(runs["plain"].losses, runs["checkpointed"].losses, "fp32")
-    evidence.update(comparison, config=config, device=runs["checkpointed"].device)
-    assert comparison["ok"], describe_mismatch(comparison, f"activation checkpointing with {config}",
-                                               reference="the plain run of the same seeded script")
+    evidence.update(config=config)
+    assert_losses_match(runs["plain"].losses, runs["checkpointed"], "fp32", evidence, f"activation checkpointing with {config}",
+                        reference="the plain run of the same seeded script")

@@ -12,16 +12,11 @@ DeepSpeed moves the model fails here, silently wrong (ZeRO-0) or with a crash.
 """
 
 import pytest
-from conformance_helpers import assert_trains_like_reference
-
-from harness.training_cases import training_cases
+from conformance_helpers import training_case_params
 
 pytestmark = pytest.mark.area("scripts")
 
-CASES = training_cases("scripts")
 
-
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_user_script_loss_matches_cpu_reference(case, candidate, reference, evidence, tmp_path):
-    assert_trains_like_reference(case, candidate, reference(case), evidence, tmp_path / "candidate",
-                                 f"{' '.join(case.args)} with {case.config} on {case.ranks} rank(s)")
+@pytest.mark.parametrize("case", training_case_params("scripts"))
+def test_user_script_loss_matches_cpu_reference(case, trains_like_reference):
+    trains_like_reference(case, f"{' '.join(case.args)} with {case.config} on {case.ranks} rank(s)")

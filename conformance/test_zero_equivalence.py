@@ -10,16 +10,11 @@ downward.
 """
 
 import pytest
-from conformance_helpers import assert_trains_like_reference
-
-from harness.training_cases import training_cases
+from conformance_helpers import training_case_params
 
 pytestmark = pytest.mark.area("zero")
 
-CASES = training_cases("zero")
 
-
-@pytest.mark.parametrize("case", CASES, ids=[case.id for case in CASES])
-def test_zero_stage_loss_matches_cpu_reference(case, candidate, reference, evidence, tmp_path):
-    assert_trains_like_reference(case, candidate, reference(case), evidence, tmp_path / "candidate",
-                                 f"{case.config} on {case.ranks} rank(s)")
+@pytest.mark.parametrize("case", training_case_params("zero"))
+def test_zero_stage_loss_matches_cpu_reference(case, trains_like_reference):
+    trains_like_reference(case, f"{case.config} on {case.ranks} rank(s)")

@@ -34,6 +34,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     """Register the markers and this run's HarnessSession (which installs the candidate first)."""
     config.addinivalue_line("markers", f"area(name): conformance area of a module, one of {', '.join(AREAS)}")
+    config.addinivalue_line("markers", "covers(*methods): the DeepSpeedAccelerator methods an interface check covers "
+                                       "(without it: the one its name names, test_<method>[__<aspect>])")
     session = HarnessSession(config)
     config.pluginmanager.register(session, "harness-session")
 
@@ -96,7 +98,8 @@ class HarnessSession:
             return f"harness candidate: FAILED: {self.candidate_error}"
         return f"harness candidate: {type(self.accelerator).__module__}.{type(self.accelerator).__qualname__}"
 
-    # Tagging: area from the module's marker (checked against its file name), method from the test name.
+    # Tagging: area from the module's marker (checked against its file name), methods from the covers
+    # markers or the test name (harness/checklist.py).
     def pytest_collection_modifyitems(self, session, config, items):
         if self.candidate_error is not None:
             config.hook.pytest_deselected(items=list(items))
@@ -110,11 +113,14 @@ class HarnessSession:
             selected.append(item)
             area, problem = self._area(item)
             method = None
+            covers = [name for mark in item.iter_markers("covers") for name in mark.args]
             if area == "interface":
-                method = checklist.method_of(item.name, self.methods)
-                if method is None:
-                    problem = (f"interface check {item.originalname or item.name} names no method of "
-                               "DeepSpeedAccelerator; name it test_<method> or test_<method>__<aspect>")
+                try:
+                    method = checklist.result_method(checklist.methods_of(item.name, covers, self.methods))
+                except checklist.ChecklistError as err:
+                    problem = f"interface check {item.name} {err}"
+            elif covers:  # coverage counts interface checks only: the marker would mean nothing here
+                problem = f"{item.name} is a {area} check; pytest.mark.covers marks interface checks"
             if problem:
                 self.problems[item.nodeid] = problem
             item.user_properties.append(("harness", {"area": area, "method": method}))

@@ -7,6 +7,9 @@ import tomllib
 
 from .paths import FIXTURES, TRAINING_CASES
 
+# The keys of an area table that are the area's own; every other key is a default for its cases.
+AREA_KEYS = ("reference", "cases")
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainingCase:
@@ -19,30 +22,47 @@ class TrainingCase:
     ranks: int
     steps: int
     args: tuple = ()
+    # the area's own fields, which only its checks read (a checkpoint's save_after, a graph step's allowance)
+    area_fields: dict = dataclasses.field(default_factory=dict, hash=False)
 
     @property
     def sources(self):
         """The fixture files the case's losses depend on (besides the installed stack)."""
         return (self.script, self.config)
 
-    def run(self, candidate, workdir, timeout=600):
-        """Train this case on `candidate` (None: DeepSpeed's CPU accelerator); a TrainingRun."""
+    def run(self, candidate, workdir, extra_args=(), timeout=600):
+        """Train this case on `candidate` (None: DeepSpeed's CPU accelerator), its args followed by
+        `extra_args`; a TrainingRun."""
         from .training import run_training
         return run_training(FIXTURES / self.script, FIXTURES / self.config, candidate, workdir,
                             world_size=self.ranks, steps=self.steps,
-                            launcher="python" if self.ranks == 1 else "deepspeed", extra_args=self.args,
-                            timeout=timeout)
+                            launcher="python" if self.ranks == 1 else "deepspeed",
+                            extra_args=(*self.args, *extra_args), timeout=timeout)
+
+
+CASE_FIELDS = tuple(field.name for field in dataclasses.fields(TrainingCase) if field.name not in ("area", "id", "area_fields"))
+
+
+def _areas(path):
+    return tomllib.loads(Path(path).read_text())
 
 
 def training_areas(path=TRAINING_CASES):
-    """The areas with a table in fixtures/training_cases.toml."""
-    return list(tomllib.loads(Path(path).read_text()))
+    """The areas of fixtures/training_cases.toml whose cases train against a CPU reference curve: those
+    `python -m harness references` records and `--reference stored` reads. An area table with
+    `reference = false` (its checks compare other runs: checkpoint, graph) is left out."""
+    return [area for area, table in _areas(path).items() if table.get("reference", True)]
 
 
 def training_cases(area, path=TRAINING_CASES):
-    """The cases of `area` in fixtures/training_cases.toml, in file order."""
-    table = tomllib.loads(Path(path).read_text())[area]
-    return [TrainingCase(area=area, id=case_id, script=fields.get("script", table["script"]),
-                         config=fields["config"], precision=fields["precision"], ranks=fields["ranks"],
-                         steps=fields.get("steps", table["steps"]), args=tuple(fields.get("args", ())))
-            for case_id, fields in table["cases"].items()]
+    """The cases of `area` in fixtures/training_cases.toml, in file order: each case's fields over the
+    area table's defaults; those TrainingCase does not name become its area_fields."""
+    table = _areas(path)[area]
+    defaults = {key: value for key, value in table.items() if key not in AREA_KEYS}
+    cases = []
+    for case_id, own in table["cases"].items():
+        fields = {**defaults, **own}
+        named = {name: fields.pop(name) for name in CASE_FIELDS if name in fields}
+        cases.append(TrainingCase(area=area, id=case_id, **{**named, "args": tuple(named.get("args", ()))},
+                                  area_fields=fields))
+    return cases

@@ -32,6 +32,48 @@ def test_no_stored_reference_without_a_case():
     assert not orphans, f"stored references for no case in fixtures/training_cases.toml: {orphans}; delete them"
 
 
+def test_areas_that_compare_other_runs_take_no_reference():
+    for area in ("checkpoint", "graph"):  # resumed vs uninterrupted run; graph counts vs a hand-written loop
+        assert training_cases(area) and area not in training_areas(), area
+        assert not (references.REFERENCES / references.BACKEND / area).exists(), area
+
+
+def test_an_area_table_holds_its_cases_defaults_and_its_own_fields(tmp_path):
+    table = tmp_path / "training_cases.toml"
+    table.write_text("""
+[curves]
+script = "train.py"
+steps = 4
+
+[curves.cases.one]
+config = "configs/zero0.json"
+precision = "fp32"
+ranks = 1
+args = ["--style", "parameters"]
+
+[resumes]
+reference = false
+script = "train.py"
+steps = 6
+save_after = 3
+precision = "fp32"
+ranks = 2
+
+[resumes.cases.zero2]
+config = "configs/zero2.json"
+
+[resumes.cases.zero3]
+config = "configs/zero3.json"
+steps = 8
+""")
+    assert training_areas(table) == ["curves"]
+    [one] = training_cases("curves", table)
+    assert (one.script, one.steps, one.args, one.area_fields) == ("train.py", 4, ("--style", "parameters"), {})
+    zero2, zero3 = training_cases("resumes", table)
+    assert (zero2.id, zero2.ranks, zero2.steps, zero2.area_fields) == ("zero2", 2, 6, {"save_after": 3})
+    assert (zero3.steps, zero3.area_fields) == (8, {"save_after": 3})
+
+
 def _provenance():
     return {"case": {"script": "train.py", "config": "configs/zero0.json", "ranks": 1, "steps": 4, "args": []},
             "sources": {"train.py": "a" * 64, "configs/zero0.json": "b" * 64},
@@ -135,8 +177,9 @@ def test_references_command_records_a_case(tmp_path):
 @pytest.mark.parametrize("args,message", [
     (["-k", "no-such-case"], "no training case id contains 'no-such-case'"),
     (["--area", "graph"], "argument --area: invalid choice: 'graph'"),
+    (["--area", "checkpoint"], "argument --area: invalid choice: 'checkpoint'"),
 ])
-def test_references_command_bad_usage(args, message):
-    proc = _references_command(*args)
+def test_references_command_bad_usage(args, message, tmp_path):
+    proc = _references_command(*args, "--out", str(tmp_path))  # a usage that is not refused writes nothing here
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith(f"harness: error: {message}"), proc.stderr

@@ -1,4 +1,4 @@
-"""Candidate specs, suites and the interface checklist: pure logic, no device."""
+"""Candidate specs and suites: pure logic, no device (the interface checklist: test_harness_checklist.py)."""
 
 import os
 import subprocess
@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import checklist, suites
+from harness import suites
 from harness.candidate_env import child_env
 from harness.candidates import SpecError, parse_spec
 
@@ -108,33 +108,6 @@ def test_selective_suites_drop_expectations_they_cannot_match():
     assert suites.may_select("smoke", "conformance/test_zero_equivalence.py::test_z[zero2-fp32-1rank]")
     assert not suites.may_select("smoke", "conformance/test_zero_equivalence.py::test_z[zero1-fp32-2rank]")
     assert suites.may_select("zero", "conformance/test_zero_equivalence.py::test_z[zero1-fp32-2rank]")
-
-
-def test_checklist_covers_abstract_methods_and_public_hooks():
-    from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
-    methods = checklist.interface_methods()
-    assert set(DeepSpeedAccelerator.__abstractmethods__) <= set(methods)
-    assert {"pin_memory", "is_pinned", "pin_empty", "is_fp64_supported"} <= set(methods)
-    assert not any(m.startswith("_") for m in methods)
-
-
-@pytest.mark.parametrize("test_name, method", [
-    ("test_memory_allocated", "memory_allocated"),
-    ("test_max_memory_allocated[int]", "max_memory_allocated"),
-    ("test_memory_allocated__grows_with_tensors", "memory_allocated"),
-    ("test_Stream", "Stream"),
-    ("test_stream", "stream"),
-    ("test_nothing_like_a_method", None),
-    ("check_memory_allocated", None),
-])
-def test_method_of(test_name, method):
-    methods = ["memory_allocated", "max_memory_allocated", "Stream", "stream"]
-    assert checklist.method_of(test_name, methods) == method
-
-
-def test_coverage_lists_unchecked_methods():
-    assert checklist.coverage(["a", "b", "c"], {"a", "c", "not-a-method"}) == {
-        "total": 3, "checked": 2, "unchecked": ["b"]}
 
 
 def test_missing_dependencies_exit_2_with_one_line(tmp_path):
