@@ -35,34 +35,33 @@ def method_of(test_name, methods):
     return method if method in methods else None
 
 
-def methods_of(test_name, covers, methods):
-    """The methods an interface check covers, in order: those its covers markers name (`covers`;
-    empty without a marker), else the one its name names. ChecklistError when a marked name is not
-    one of `methods` (the check is not counted for its other names either) or the check has neither."""
-    if covers:
-        unknown = [name for name in covers if name not in methods]
-        if unknown:
-            close = difflib.get_close_matches(str(unknown[0]), methods, n=1)
-            raise ChecklistError(f"covers {', '.join(map(repr, unknown))}, which DeepSpeedAccelerator does not define"
+def covered_method(test_name, covers, methods):
+    """The one method an interface check covers (its `method` in report.json): the one its covers
+    markers name (`covers`, the markers' names; empty without one), else the one its name names.
+    ChecklistError when the markers name several methods (a check with one id covers one method:
+    parametrize it, one covering param per method), a marked name is not one of `methods`, or the
+    check names none."""
+    names = list(dict.fromkeys(covers))
+    if len(names) > 1:
+        raise ChecklistError(f"covers {', '.join(map(repr, names))}; a check covers one method: parametrize it "
+                             "with one pytest.param marked covers(<method>) per method")
+    if names:
+        if names[0] not in methods:
+            close = difflib.get_close_matches(str(names[0]), methods, n=1)
+            raise ChecklistError(f"covers {names[0]!r}, which DeepSpeedAccelerator does not define"
                                  + (f" (did you mean {close[0]!r}?)" if close else ""))
-        return list(dict.fromkeys(covers))
+        return names[0]
     method = method_of(test_name, methods)
     if method is None:
         raise ChecklistError("names no method of DeepSpeedAccelerator; name it test_<method> or test_<method>__<aspect>, "
-                             "or mark it @pytest.mark.covers(<method>, ...)")
-    return [method]
-
-
-def result_method(covered):
-    """A check's `method` in report.json: the method it covers, or its methods space-separated (a
-    plain string, as report.json has always held; coverage() counts each)."""
-    return " ".join(covered)
+                             "or mark it @pytest.mark.covers(<method>)")
+    return method
 
 
 def coverage(methods, checked):
     """coverage.interface of report.json: every method, and those no check ran for. `checked`: the
-    `method` of each check that ran (result_method's string, or None)."""
-    checked = {name for field in checked if field for name in field.split()} & set(methods)
+    `method` of each check that ran (a method name, or None)."""
+    checked = set(checked) & set(methods)
     return {
         "total": len(methods),
         "checked": len(checked),

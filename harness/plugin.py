@@ -34,8 +34,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     """Register the markers and this run's HarnessSession (which installs the candidate first)."""
     config.addinivalue_line("markers", f"area(name): conformance area of a module, one of {', '.join(AREAS)}")
-    config.addinivalue_line("markers", "covers(*methods): the DeepSpeedAccelerator methods an interface check covers "
-                                       "(without it: the one its name names, test_<method>[__<aspect>])")
+    config.addinivalue_line("markers", "covers(method): the DeepSpeedAccelerator method an interface check (or one of its "
+                                       "params) covers (without it: the one its name names, test_<method>[__<aspect>])")
     session = HarnessSession(config)
     config.pluginmanager.register(session, "harness-session")
 
@@ -98,8 +98,8 @@ class HarnessSession:
             return f"harness candidate: FAILED: {self.candidate_error}"
         return f"harness candidate: {type(self.accelerator).__module__}.{type(self.accelerator).__qualname__}"
 
-    # Tagging: area from the module's marker (checked against its file name), methods from the covers
-    # markers or the test name (harness/checklist.py).
+    # Tagging: area from the module's marker (checked against its file name), the method from the covers
+    # marker or the test name (harness/checklist.py).
     def pytest_collection_modifyitems(self, session, config, items):
         if self.candidate_error is not None:
             config.hook.pytest_deselected(items=list(items))
@@ -116,7 +116,7 @@ class HarnessSession:
             covers = [name for mark in item.iter_markers("covers") for name in mark.args]
             if area == "interface":
                 try:
-                    method = checklist.result_method(checklist.methods_of(item.name, covers, self.methods))
+                    method = checklist.covered_method(item.name, covers, self.methods)
                 except checklist.ChecklistError as err:
                     problem = f"interface check {item.name} {err}"
             elif covers:  # coverage counts interface checks only: the marker would mean nothing here

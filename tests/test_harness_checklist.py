@@ -1,4 +1,4 @@
-"""The interface checklist (harness/checklist.py): the methods a check covers, by its covers markers
+"""The interface checklist (harness/checklist.py): the method a check covers, by its covers marker
 or by its name, and what coverage counts; then the plugin tagging a real pytest session by them."""
 
 import json
@@ -37,41 +37,36 @@ def test_method_of(test_name, method):
     assert checklist.method_of(test_name, METHODS) == method
 
 
-@pytest.mark.parametrize("test_name, covers, methods", [
-    ("test_device_count", [], ["device_count"]),  # no marker: the name rule
-    ("test_device_count__in_a_fresh_process[int]", [], ["device_count"]),
-    ("test_peak_at_least_current[max_memory_allocated]", ["max_memory_allocated"], ["max_memory_allocated"]),
-    ("test_device_count", ["is_available"], ["is_available"]),  # a marker replaces the name rule
-    ("test_probe", ["device_count", "is_available", "device_count"], ["device_count", "is_available"]),
+@pytest.mark.parametrize("test_name, covers, method", [
+    ("test_device_count", [], "device_count"),  # no marker: the name rule
+    ("test_device_count__in_a_fresh_process[int]", [], "device_count"),
+    ("test_peak_at_least_current[max_memory_allocated]", ["max_memory_allocated"], "max_memory_allocated"),
+    ("test_device_count", ["is_available"], "is_available"),  # a marker replaces the name rule
+    ("test_probe", ["device_count", "device_count"], "device_count"),  # the same marker twice (module and param)
 ])
-def test_methods_of(test_name, covers, methods):
-    assert checklist.methods_of(test_name, covers, METHODS) == methods
+def test_covered_method(test_name, covers, method):
+    assert checklist.covered_method(test_name, covers, METHODS) == method
 
 
 @pytest.mark.parametrize("test_name, covers, reason", [
     ("test_probe", [], "names no method of DeepSpeedAccelerator; name it test_<method> or test_<method>__<aspect>, "
-                       "or mark it @pytest.mark.covers(<method>, ...)"),
+                       "or mark it @pytest.mark.covers(<method>)"),
     ("test_probe", ["device_cont"], "covers 'device_cont', which DeepSpeedAccelerator does not define "
                                     "(did you mean 'device_count'?)"),
-    # a wrong name is never dropped for the name rule, nor for the marker's other, valid, names
-    ("test_device_count", ["is_available", "no_such_method"], "covers 'no_such_method', which DeepSpeedAccelerator "
-                                                              "does not define"),
+    # a wrong name is never dropped for the name rule
+    ("test_device_count", ["no_such_method"], "covers 'no_such_method', which DeepSpeedAccelerator does not define"),
+    ("test_probe", ["device_count", "is_available"], "covers 'device_count', 'is_available'; a check covers one method: "
+                                                     "parametrize it with one pytest.param marked covers(<method>) per method"),
 ])
-def test_methods_of_says_why_a_check_covers_nothing(test_name, covers, reason):
+def test_covered_method_says_why_a_check_covers_nothing(test_name, covers, reason):
     with pytest.raises(checklist.ChecklistError) as error:
-        checklist.methods_of(test_name, covers, METHODS)
+        checklist.covered_method(test_name, covers, METHODS)
     assert str(error.value) == reason
 
 
 def test_coverage_lists_unchecked_methods():
     assert checklist.coverage(["a", "b", "c"], {"a", "c", "not-a-method", None}) == {
         "total": 3, "checked": 2, "unchecked": ["b"]}
-
-
-def test_coverage_counts_every_method_a_check_covers():
-    both = checklist.result_method(["device_count", "is_available"])
-    assert checklist.coverage(METHODS, {both, "stream"}) == {
-        "total": 6, "checked": 3, "unchecked": ["Stream", "max_memory_allocated", "memory_allocated"]}
 
 
 def test_plugin_tags_interface_checks_by_their_covers_markers(tmp_path):
@@ -84,8 +79,13 @@ def test_plugin_tags_interface_checks_by_their_covers_markers(tmp_path):
         pytestmark = pytest.mark.area("interface")
 
 
-        @pytest.mark.covers("device_count", "is_available")
+        @pytest.mark.covers("is_available")
         def test_probe():
+            pass
+
+
+        @pytest.mark.covers("device_count", "is_available")
+        def test_two_methods():
             pass
 
 
@@ -116,7 +116,8 @@ def test_plugin_tags_interface_checks_by_their_covers_markers(tmp_path):
     records = [json.loads(line) for line in (out / "parts" / "results.jsonl").read_text().splitlines()]
     results = {r["id"].split("::", 1)[1]: r for r in records if r["event"] == "result"}
     assert {name: (r["status"], r["method"]) for name, r in results.items()} == {
-        "test_probe": ("passed", "device_count is_available"),
+        "test_probe": ("passed", "is_available"),
+        "test_two_methods": ("error", None),
         "test_constructor[Stream]": ("passed", "Stream"),
         "test_constructor[Strem]": ("error", None),
         "test_stream__by_its_name": ("passed", "stream"),
