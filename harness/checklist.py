@@ -35,6 +35,14 @@ def method_of(test_name, methods):
     return method if method in methods else None
 
 
+def method_of_test_id(test_name, methods):
+    """The method of a check known only by its test id (its process ended before it reported): the
+    name rule, else its parameter id when that names a method (conformance_helpers.covering gives
+    each covering param its method as id); None when neither does."""
+    param = test_name.partition("[")[2].rstrip("]")
+    return method_of(test_name, methods) or (param if param in methods else None)
+
+
 def covered_method(test_name, covers, methods):
     """The one method an interface check covers (its `method` in report.json): the one its covers
     markers name (`covers`, the markers' names; empty without one), else the one its name names.

@@ -42,7 +42,7 @@ def read_parts(parts_dir):
 def lost_check(nodeid, methods, message):
     """The error result of a check that started and never reported (its process ended)."""
     area = area_of_module(nodeid.split("::", 1)[0])
-    method = checklist.method_of(nodeid.rsplit("::", 1)[-1], methods) if area == "interface" else None
+    method = checklist.method_of_test_id(nodeid.rsplit("::", 1)[-1], methods) if area == "interface" else None
     return build_result(nodeid, "error", message, area=area, method=method)
 
 

@@ -64,6 +64,15 @@ def test_covered_method_says_why_a_check_covers_nothing(test_name, covers, reaso
     assert str(error.value) == reason
 
 
+@pytest.mark.parametrize("test_name, method", [
+    ("test_memory_allocated__grows_with_tensors[int]", "memory_allocated"),  # the name rule first
+    ("test_peak_at_least_current[max_memory_allocated]", "max_memory_allocated"),  # a covering param's id
+    ("test_peak_at_least_current[int]", None),
+])
+def test_method_of_a_lost_check_by_its_id(test_name, method):
+    assert checklist.method_of_test_id(test_name, METHODS) == method
+
+
 def test_coverage_lists_unchecked_methods():
     assert checklist.coverage(["a", "b", "c"], {"a", "c", "not-a-method", None}) == {
         "total": 3, "checked": 2, "unchecked": ["b"]}
