@@ -107,6 +107,21 @@ def test_unsupported_requests_name_rank_and_op(device):
         pg.recv_anysource([torch.empty(1, device=device)], 0)
 
 
+def test_subgroup_ranks_are_world_ranks_in_errors_and_point_to_point(device, monkeypatch):
+    """c10d passes peers and roots relative to the group: a subgroup of world ranks [1, 3] names
+    and pairs its members by their world ranks (the permute itself is not run here: one process)."""
+    pg = XlaNativeProcessGroup(1, 2, global_ranks=[1, 3], world_size=4)
+    with pytest.raises(CollectiveError, match=r"rank 3 in group \[1, 3\]: recv\(src=None\)"):
+        pg.recv_anysource([torch.empty(1, device=device)], 0)
+    pairs = []
+    monkeypatch.setattr(runtime, "collective_permute", lambda tensor, pair: pairs.append(pair) or tensor)
+    monkeypatch.setattr(runtime, "sync", lambda wait=True: None)
+    t = torch.ones(2, device=device)
+    pg.send([t], 0, 0)
+    pg.recv([t], 0, 0)
+    assert pairs == [[[3, 1]], [[1, 3]]]
+
+
 def test_misused_collectives_are_refused_before_tracing(device):
     """Like the host bridge (and gloo): sizes and list lengths are checked before anything is traced."""
     pg = XlaNativeProcessGroup(1, 2, global_ranks=[0, 1], world_size=2)
