@@ -44,19 +44,51 @@ def single_rank_env(port=None):
                 MASTER_PORT=str(port or free_port()))
 
 
-def release_shm_buffers(port, shm_dir=SHM_DIR):
-    """Remove the shared-memory all-reduce buffers DeepSpeed's CPU accelerator made for a job on
-    `port` (`deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`, 69 MB per rank): DeepSpeed's
-    shm comm never unlinks them, so every multi-rank CPU run would leave its ranks' buffers in
-    memory until reboot. Returns how many were removed."""
+def _unlink_all(paths):
     removed = 0
-    for path in Path(shm_dir).glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"):
+    for path in paths:
         try:
             path.unlink()
             removed += 1
         except FileNotFoundError:
             pass
     return removed
+
+
+def release_shm_buffers(port, shm_dir=SHM_DIR):
+    """Remove the shared-memory all-reduce buffers DeepSpeed's CPU accelerator made for a job on
+    `port` (`deepspeed_allreduce_buffer_<uid>_<addr>_<port>_<rank>`, 69 MB per rank): DeepSpeed's
+    shm comm never unlinks them, so every multi-rank CPU run would leave its ranks' buffers in
+    memory until reboot. Returns how many were removed."""
+    return _unlink_all(Path(shm_dir).glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*_{port}_*"))
+
+
+def _mapped_files(proc_root):
+    """Every file some process maps (/proc/<pid>/maps), as far as this user may read them."""
+    mapped = set()
+    for maps in Path(proc_root).glob("[0-9]*/maps"):
+        try:
+            mapped.update(line.split(maxsplit=5)[5] for line in maps.read_text().splitlines() if line.count(" ") >= 5)
+        except OSError:  # the process ended, or is not ours to read
+            continue
+    return mapped
+
+
+def release_unused_shm_buffers(since, shm_dir=SHM_DIR, proc_root="/proc"):
+    """Remove this user's DeepSpeed all-reduce buffers written at or after `since` (epoch seconds)
+    that no process maps any more: what a session of jobs on ports the harness did not choose
+    (DeepSpeed's own test harness, under `upstream`) left behind. Returns how many were removed."""
+    candidates = []
+    for path in Path(shm_dir).glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"):
+        try:
+            if path.stat().st_mtime >= since:
+                candidates.append(path)
+        except FileNotFoundError:
+            continue
+    if not candidates:
+        return 0
+    mapped = _mapped_files(proc_root)
+    return _unlink_all(path for path in candidates if str(path) not in mapped)
 
 
 def run_in_session(cmd, env, workdir, log_path, timeout, port=None):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import process_group
 from .outcomes import build_result
+from .launching import release_unused_shm_buffers
 from .paths import REPO
 from .report_json import read_events
 from .upstream_plugin import UPSTREAM_EVENTS_ENV
@@ -109,6 +110,7 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
                 run.interrupted = True
                 process_group.stop(process, first=signal.SIGINT)
             process_group.reap(process)  # pool workers or a forkserver that outlived pytest
+        release_unused_shm_buffers(session_started)  # the CPU accelerator's, on ports DeepSpeed's harness chose
         events = read_events(events_path)
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]
         collected = next((e["ids"] for e in events if e["event"] == "collected"), None)

@@ -2,7 +2,9 @@
 
 import os
 
-from harness.launching import SHM_DIR, launch, release_shm_buffers
+import time
+
+from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers
 from harness.paths import FIXTURES
 
 
@@ -19,6 +21,22 @@ def test_release_shm_buffers_removes_only_the_jobs_own(tmp_path):
     assert release_shm_buffers(29611, tmp_path) == 2
     assert not any(path.exists() for path in own)
     assert all(path.exists() for path in others)
+
+
+def test_release_unused_shm_buffers_keeps_older_and_mapped_ones(tmp_path):
+    """After a session on ports the harness did not choose: only this user's buffers written since
+    the session started, and mapped by no process, go."""
+    shm, proc = tmp_path / "shm", tmp_path / "proc"
+    shm.mkdir()
+    uid = os.getuid()
+    older = _buffer(shm, uid, 29611, 0)
+    os.utime(older, (time.time() - 3600, time.time() - 3600))
+    since = time.time() - 60
+    left, in_use, other_user = _buffer(shm, uid, 40001, 0), _buffer(shm, uid, 40002, 1), _buffer(shm, uid + 1, 40003, 0)
+    (proc / "4242").mkdir(parents=True)
+    (proc / "4242" / "maps").write_text(f"7f00-7f10 rw-s 00000000 00:1a 99   {in_use}\n7f20-7f30 r-xp 0 00:00 0\n")
+    assert release_unused_shm_buffers(since, shm, proc) == 1
+    assert not left.exists() and older.exists() and in_use.exists() and other_user.exists()
 
 
 def test_a_cpu_accelerator_job_leaves_no_shm_buffer(tmp_path):
