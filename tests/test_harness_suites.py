@@ -15,14 +15,16 @@ REFERENCE_RUNS = {
     "launcher": ("launcher", None, 3),  # runner parent at --num_gpus 2 and 4, launched ranks
     "collectives": ("collectives", None, 2 * 34),  # fixtures/collectives.py cases at 2 and 4 ranks
     "zero-1rank": ("zero", "1rank", 8),  # stages 0-3 x fp32/bf16
-    "zero-2ranks": ("zero", "2rank", 9),  # the same, and accumulation + activation checkpointing
+    "zero-2ranks-fp32": ("zero", "2rank and fp32", 5),  # the same, and accumulation + activation checkpointing
+    "zero-2ranks-bf16": ("zero", "2rank and bf16", 4),
     "pipeline-2ranks": ("pipeline", "2ranks", 2),  # with and without activation checkpointing
     "pipeline-4ranks": ("pipeline", "4ranks", 1),
     "checkpoint-zero2": ("checkpoint", "zero2", 3),  # XLA->XLA, XLA->CPU, CPU->XLA
     "checkpoint-zero3": ("checkpoint", "zero3", 3),
     "graph": ("graph", None, 10),  # per config: no compilation after warm-up, graphs per step within the hand loop's bound
     "lowering": ("lowering", None, 12),  # each collective's HLO on the native transport, traced in a world of 4
-    "scripts-1rank": ("scripts", "1rank", 26),  # user-script patterns and config variants, ZeRO 0-3
+    "scripts-1rank": ("scripts", "1rank and not zero3", 20),  # user-script patterns and config variants, ZeRO 0-2
+    "scripts-1rank-zero3": ("scripts", "1rank and zero3", 6),
     "scripts-2ranks": ("scripts", "2rank", 7),
     "scripts-checkpointing": ("scripts", "activation_checkpointing", 2),  # dropout, checkpointed vs plain
 }
