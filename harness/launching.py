@@ -17,6 +17,7 @@ from .candidate_env import accelerator_env
 
 DEEPSPEED_RUNNER = ("-m", "deepspeed.launcher.runner")
 SHM_DIR = Path("/dev/shm")
+SHM_SETTLE_S = 5.0  # a job maps its buffer microseconds after writing it: older and unmapped means abandoned
 
 
 @dataclasses.dataclass
@@ -74,14 +75,16 @@ def _mapped_files(proc_root):
     return mapped
 
 
-def release_unused_shm_buffers(since, shm_dir=SHM_DIR, proc_root="/proc"):
+def release_unused_shm_buffers(since, shm_dir=SHM_DIR, proc_root="/proc", settle_s=SHM_SETTLE_S):
     """Remove this user's DeepSpeed all-reduce buffers written at or after `since` (epoch seconds)
     that no process maps any more: what a session of jobs on ports the harness did not choose
-    (DeepSpeed's own test harness, under `upstream`) left behind. Returns how many were removed."""
-    candidates = []
+    (DeepSpeed's own test harness, under `upstream`) left behind. A rank maps its buffer right after
+    writing it and keeps it mapped until it exits, so a buffer older than `settle_s` that nobody
+    maps belongs to no live job; younger ones are left alone. Returns how many were removed."""
+    candidates, settled = [], time.time() - settle_s
     for path in Path(shm_dir).glob(f"deepspeed_allreduce_buffer_{os.getuid()}_*"):
         try:
-            if path.stat().st_mtime >= since:
+            if since <= path.stat().st_mtime <= settled:
                 candidates.append(path)
         except FileNotFoundError:
             continue

@@ -25,7 +25,7 @@ def test_release_shm_buffers_removes_only_the_jobs_own(tmp_path):
 
 def test_release_unused_shm_buffers_keeps_older_and_mapped_ones(tmp_path):
     """After a session on ports the harness did not choose: only this user's buffers written since
-    the session started, and mapped by no process, go."""
+    the session started, settled, and mapped by no process, go."""
     shm, proc = tmp_path / "shm", tmp_path / "proc"
     shm.mkdir()
     uid = os.getuid()
@@ -33,10 +33,13 @@ def test_release_unused_shm_buffers_keeps_older_and_mapped_ones(tmp_path):
     os.utime(older, (time.time() - 3600, time.time() - 3600))
     since = time.time() - 60
     left, in_use, other_user = _buffer(shm, uid, 40001, 0), _buffer(shm, uid, 40002, 1), _buffer(shm, uid + 1, 40003, 0)
+    for path in (left, in_use, other_user):
+        os.utime(path, (time.time() - 30, time.time() - 30))
+    just_made = _buffer(shm, uid, 40004, 0)  # written a moment ago: its rank may not have mapped it yet
     (proc / "4242").mkdir(parents=True)
     (proc / "4242" / "maps").write_text(f"7f00-7f10 rw-s 00000000 00:1a 99   {in_use}\n7f20-7f30 r-xp 0 00:00 0\n")
     assert release_unused_shm_buffers(since, shm, proc) == 1
-    assert not left.exists() and older.exists() and in_use.exists() and other_user.exists()
+    assert not left.exists() and older.exists() and in_use.exists() and other_user.exists() and just_made.exists()
 
 
 def test_a_cpu_accelerator_job_leaves_no_shm_buffer(tmp_path):
