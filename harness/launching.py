@@ -69,7 +69,8 @@ def _mapped_files(proc_root):
     mapped = set()
     for maps in Path(proc_root).glob("[0-9]*/maps"):
         try:
-            mapped.update(line.split(maxsplit=5)[5] for line in maps.read_text().splitlines() if line.count(" ") >= 5)
+            fields = (line.split(maxsplit=5) for line in maps.read_text().splitlines())
+            mapped.update(field[5] for field in fields if len(field) == 6)  # anonymous mappings name no file
         except OSError:  # the process ended, or is not ours to read
             continue
     return mapped

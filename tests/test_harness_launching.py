@@ -37,7 +37,7 @@ def test_release_unused_shm_buffers_keeps_older_and_mapped_ones(tmp_path):
         os.utime(path, (time.time() - 30, time.time() - 30))
     just_made = _buffer(shm, uid, 40004, 0)  # written a moment ago: its rank may not have mapped it yet
     (proc / "4242").mkdir(parents=True)
-    (proc / "4242" / "maps").write_text(f"7f00-7f10 rw-s 00000000 00:1a 99   {in_use}\n7f20-7f30 r-xp 0 00:00 0\n")
+    (proc / "4242" / "maps").write_text(f"7f00-7f10 rw-s 00000000 00:1a 99   {in_use}\n7f20-7f30 rw-p 00000000 00:00 0 \n")
     assert release_unused_shm_buffers(since, shm, proc) == 1
     assert not left.exists() and older.exists() and in_use.exists() and other_user.exists() and just_made.exists()
 
