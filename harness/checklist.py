@@ -2,9 +2,9 @@
 and which interface checks cover them.
 
 Derived at run time, so a DeepSpeed release that adds a method shows it as unchecked.
-A check covers the methods its `covers` markers name (`@pytest.mark.covers("device_count")`; on a
-pytest.param, each parameter of one check covers a sibling method); a check without one covers the
-method its name names: `test_<method>` or `test_<method>__<aspect>`.
+A check covers the one method its `covers` marker names (`@pytest.mark.covers("device_count")`; on
+a pytest.param, each parameter of one check covers its own sibling method); a check without one
+covers the method its name names: `test_<method>` or `test_<method>__<aspect>`.
 """
 
 import difflib
