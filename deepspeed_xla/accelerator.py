@@ -55,11 +55,14 @@ class XLA_Accelerator(DeepSpeedAccelerator):
     """DeepSpeed's accelerator on XLA devices (`get_accelerator()` when DS_ACCELERATOR=xla): one device per rank process, a
     synchronized device (no side streams, host timers), the `xla_ds` communication backend. Construction registers that
     backend and `torch.xla`, and installs the run-time fixes (torch_xla op kernels, parameter identity across `.to()`,
-    DeepSpeed engine hooks, up-front refusal of what XLA cannot run)."""
+    DeepSpeed engine hooks, up-front refusal of what XLA cannot run).
 
-    def __init__(self):
+    With `launcher_parent=True` (DeepSpeed's runner and launch.py, which resolve resources and start the workers, and
+    never touch a device) nothing is registered or installed, and torch_xla is not imported: the host-side answers the
+    launcher asks for (device name and count, visible-device and exported variables, op builders) need none of it."""
+
+    def __init__(self, *, launcher_parent=False):
         super().__init__()
-        runtime.apply_matmul_precision()
         self._name = backend.DEVICE_TYPE
         self._communication_backend_name = BACKEND_NAME
         self._compile_backend = backend.DEFAULT_COMPILE_BACKEND
@@ -67,6 +70,9 @@ class XLA_Accelerator(DeepSpeedAccelerator):
         self._generators = {}
         self._memory = MemoryAccounting()
         self._ranges = []
+        if launcher_parent:
+            return
+        runtime.apply_matmul_precision()
         register_backend()
         op_fixes.install()
         param_identity.install()

@@ -25,12 +25,11 @@ class _StartRuntimeFirst:
 
     def run_backward(self, *args, **kwargs):
         Variable._execution_engine = self._engine
+        from .backend import runtime
         try:
-            from .backend import runtime
+            runtime.start()
         except ImportError:  # no torch_xla: nothing to start (DeepSpeed's import will say so)
             pass
-        else:
-            runtime.start()
         return self._engine.run_backward(*args, **kwargs)
 
     def __getattr__(self, name):

@@ -16,6 +16,9 @@ DeepSpeed's files (the activation hook calls them, see _activation.py):
     `deepspeed --include localhost:0,1` works like `--num_gpus 2`.
   Neither step starts the XLA runtime: the parent must leave the devices to the workers.
 
+* In the runner and in launch.py (`is_launcher_parent`), the accelerator DeepSpeed loads
+  answers the launcher's host-side questions only, and torch_xla is not imported.
+
 * In each worker, before torch_xla is imported: on a TPU host, the per-process topology
   PyTorch/XLA's own spawn would give that process (one chip per process, its own port, its
   task id): backend/pjrt_env.py.
@@ -131,6 +134,27 @@ def wrap_runner_main(runner_module) -> None:
 
 
 RUNNER_MODULE = "deepspeed.launcher.runner"  # what the `deepspeed` command runs
+LAUNCH_MODULE = "deepspeed.launcher.launch"  # what the runner starts on each node, to start the workers
+RUNNER_SCRIPTS = ("deepspeed", "deepspeed.pt", "ds")  # DeepSpeed's bin/ scripts that run the runner
+_OPTIONS_WITH_VALUE = ("-W", "-X")  # interpreter options whose value is the next argument
+
+
+def is_launcher_parent(argv: list[str] | None = None) -> bool:
+    """Whether this process is one of DeepSpeed's launcher processes, from its command line (`argv`, default
+    `sys.orig_argv`: the interpreter's own, before `-m` rewrites sys.argv): `python -m deepspeed.launcher.runner|launch`,
+    or one of DeepSpeed's runner scripts (`deepspeed`, `ds`). These resolve resources and start workers, and never
+    touch a device."""
+    args = iter((sys.orig_argv if argv is None else argv)[1:])
+    for arg in args:
+        if arg == "-m":
+            return next(args, None) in (RUNNER_MODULE, LAUNCH_MODULE)
+        if arg.startswith("-m"):
+            return arg[2:] in (RUNNER_MODULE, LAUNCH_MODULE)
+        if arg in _OPTIONS_WITH_VALUE:
+            next(args, None)
+        elif arg == "-" or arg.startswith("-c") or not arg.startswith("-"):
+            return os.path.basename(arg) in RUNNER_SCRIPTS
+    return False
 
 
 # The `deepspeed` console script imports the runner (main is wrapped as it loads);

@@ -23,12 +23,17 @@ where the engine needs a value, as PyTorch/XLA's own loops mark a step before re
     bf16 without ZeRO uses) asks each gradient in turn whether it holds inf or NaN, one host read
     and one graph execution per parameter tensor; on XLA the per-gradient answers are combined on
     the device and read once. The answer is the same: whether any gradient has inf or NaN.
+  - ZeRO-1/2's step asks `is_invalid_grad_norm` twice about the same norm tensor (the overflow
+    check in `step`, then the clipping check in `unscale_and_clip_grads`); on XLA the verdict is
+    kept on the tensor for as long as the tensor is unchanged (its version counter), so the second
+    question is answered without a second graph execution and transfer.
 Reads outside the engine's calls (a script's own `loss.item()`) keep PyTorch/XLA's behaviour.
-`install()` wraps the two methods of DeepSpeedEngine and the overflow check once DeepSpeed's
+`install()` wraps the two methods of DeepSpeedEngine and the two checks once DeepSpeed's
 engine module loads (engine_hooks.py); DeepSpeed's files are not touched.
 """
 
 import functools
+import sys
 import threading
 
 import torch
@@ -105,11 +110,40 @@ def _overflow_in_one_read(has_overflow_serial):
     return wrapper
 
 
+_NORM_VERDICT = "_ds_xla_invalid_norm"  # (tensor version, verdict) kept on a norm tensor
+
+
+def _norm_verdict_kept(is_invalid_grad_norm):
+
+    @functools.wraps(is_invalid_grad_norm)
+    def wrapper(norm):
+        if not (torch.is_tensor(norm) and norm.device.type == DEVICE_TYPE):
+            return is_invalid_grad_norm(norm)
+        kept = getattr(norm, _NORM_VERDICT, None)
+        if kept is not None and kept[0] == norm._version:
+            return kept[1]
+        verdict = is_invalid_grad_norm(norm)
+        setattr(norm, _NORM_VERDICT, (norm._version, verdict))
+        return verdict
+
+    return wrapper
+
+
+def _keep_norm_verdicts(utils):
+    # ZeRO's modules import the function by name: rebind it wherever DeepSpeed already has.
+    original = utils.is_invalid_grad_norm
+    wrap_once(utils, "is_invalid_grad_norm", _norm_verdict_kept)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("deepspeed.") and getattr(module, "is_invalid_grad_norm", None) is original:
+            module.is_invalid_grad_norm = utils.is_invalid_grad_norm
+
+
 def install(engine_module):
-    """Cut DeepSpeedEngine's graphs before host reads in backward/step and after step, and read the
-    overflow check's answer once per step (idempotent)."""
+    """Cut DeepSpeedEngine's graphs before host reads in backward/step and after step, read the
+    overflow check's answer once per step, and answer a norm's validity once (idempotent)."""
     from deepspeed.runtime import utils
     wrap_once(utils.CheckOverflow, "has_overflow_serial", _overflow_in_one_read)
+    _keep_norm_verdicts(utils)
     op_fixes.replace_xla_kernels({"_local_scalar_dense": _read_scalar})
     engine = engine_module.DeepSpeedEngine
     for name, when in (("backward", _zero3), ("step", _always)):

@@ -154,6 +154,44 @@ def test_runner_parent_applies_env_file_and_sizes_include(resources, world, tmp_
     assert parent["world_info"] == {"localhost": world}
 
 
+@pytest.mark.parametrize("argv, parent", [
+    (["python", "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "train.py"], True),
+    (["python", "-u", "-m", "deepspeed.launcher.launch", "--world_info=e30=", "train.py"], True),
+    (["python", "-mdeepspeed.launcher.launch", "train.py"], True),
+    (["python", "-X", "importtime", "-m", "deepspeed.launcher.runner"], True),
+    (["python", "/venv/bin/deepspeed", "--include", "localhost:0,1", "train.py"], True),
+    (["python", "-E", "/usr/local/bin/ds", "train.py"], True),
+    (["python", "-u", "train.py", "--local_rank=0"], False),  # a worker
+    (["python", "train.py", "-m", "deepspeed.launcher.runner"], False),  # the script's own arguments
+    (["python", "-X", "deepspeed", "train.py"], False),
+    (["python", "-m", "pytest", "tests"], False),
+    (["python", "-c", "import deepspeed"], False),
+    (["python"], False)])
+def test_launcher_parents_are_known_by_their_command_line(argv, parent):
+    assert launch.is_launcher_parent(argv) is parent
+
+
+LAUNCHER_COMMANDS = {
+    "runner": [sys.executable, "-m", "deepspeed.launcher.runner", "--help"],
+    "launch.py": [sys.executable, "-u", "-m", "deepspeed.launcher.launch", "--help"],
+    "deepspeed script": [sys.executable, str(Path(sys.executable).parent / "deepspeed"), "--help"],
+    "worker": [sys.executable, "-c", "import deepspeed; print(deepspeed.accelerator.get_accelerator().device_name())"],
+}
+
+
+@pytest.mark.parametrize("process", LAUNCHER_COMMANDS)
+def test_launcher_parents_load_the_accelerator_without_torch_xla(process, tmp_path):
+    # DeepSpeed's runner and launch.py import deepspeed (and so install the accelerator) only to resolve
+    # resources and start workers: importing torch_xla there cost about 3 s each before any worker started.
+    env = dict(os.environ, DS_ACCELERATOR="xla", PJRT_DEVICE="CPU", PYTHONPROFILEIMPORTTIME="1")
+    proc = subprocess.run(LAUNCHER_COMMANDS[process], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "deepspeed_xla.accelerator" in imported, f"{process}: the XLA accelerator was never loaded"
+    assert ("torch_xla" in imported) is (process == "worker"), (
+        f"{process}: torch_xla {'imported' if 'torch_xla' in imported else 'not imported'}")
+
+
 @pytest.mark.slow
 def test_include_and_env_file_end_to_end(tmp_path):
     # The `deepspeed` console script, --include, DS_ENV_FILE from home and working dir.

@@ -121,6 +121,34 @@ def test_overflow_check_reads_the_device_once_and_answers_as_on_the_host():
     assert result == {"None": [False, False, 1], "0": [True, True, 1], "5": [True, True, 1], "7": [True, True, 1]}, result
 
 
+def test_zero_norm_validity_is_read_once_per_norm_and_again_after_it_changes():
+    """ZeRO-1/2's step asks `is_invalid_grad_norm` twice about the same norm tensor; on XLA the second
+    answer comes without a second transfer, and a norm changed in place is asked again."""
+    code = textwrap.dedent("""
+        import json, torch, deepspeed, torch_xla
+        import torch_xla.debug.metrics as metrics
+        from deepspeed.runtime.zero import stage_1_and_2
+
+        def transfers():
+            return (metrics.metric_data("TransferFromDeviceTime") or [0])[0]
+
+        seen = []
+        for value in (2.0, float("inf"), -1.0):
+            norm = torch.tensor(value, device=torch_xla.device())
+            torch_xla.sync()
+            before = transfers()
+            answers = [stage_1_and_2.is_invalid_grad_norm(norm) for _ in range(2)]
+            norm.fill_(float("nan") if value == 2.0 else 3.0)
+            answers.append(stage_1_and_2.is_invalid_grad_norm(norm))
+            expected = [stage_1_and_2.is_invalid_grad_norm(torch.tensor(v)) for v in (value, value)]
+            seen.append([answers, expected, transfers() - before])
+        print(json.dumps(seen))
+    """)
+    result = last_json(run_python(code, "xla"))
+    assert result == [[[False, False, True], [False, False], 2], [[True, True, False], [True, True], 2],
+                      [[True, True, False], [True, True], 2]], result
+
+
 @pytest.mark.parametrize("configured, numel, expected", [(500_000_000, 55, 56), (500_000_000, 2_000, 2_000),
                                                         (1_000, 2_000, 1_000), (10, 1, 2)])
 def test_bounded(configured, numel, expected):

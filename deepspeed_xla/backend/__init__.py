@@ -8,7 +8,7 @@
 * the names below: torch_xla's device type, dispatch key and torch.compile backends.
 
 docs/backends.md maps each piece onto what a second TPU backend (TorchTPU) would supply.
-Importing this package does not import torch_xla; `load()` and runtime.py do.
+Importing this package or runtime.py does not import torch_xla; `load()` and the first runtime call do.
 """
 
 DEVICE_TYPE = "xla"  # torch.device("xla", n)

@@ -4,17 +4,38 @@ The rest of the package (accelerator, streams, communication backend) talks to t
 only; docs/backends.md maps each function onto what a second TPU backend would supply.
 Device kind and count, which the launcher parent needs without starting the runtime, are
 in xla_host.discovery.
+
+Importing this module does not import torch_xla; its first use does. DeepSpeed's launcher
+processes (the `deepspeed` runner and launch.py) load the accelerator, never touch a device,
+and so never pay torch_xla's import (about 3 s each, before any worker starts). Workers import
+torch_xla up front (`backend.load()`).
 """
 
 import functools
+import importlib
 import os
 import time
 
 import torch
-import torch_xla
-import torch_xla.core.xla_model as xm
-import torch_xla.utils.dlpack as xla_dlpack
 from torch.utils.dlpack import from_dlpack as torch_from_dlpack
+
+
+class _ImportedOnFirstUse:
+    """Stands for a torch_xla module until an attribute is asked for; then imports the module and
+    puts it in its place in this module's globals, so later calls use it directly."""
+
+    def __init__(self, alias, name):
+        self._alias, self._name = alias, name
+
+    def __getattr__(self, attribute):
+        module = importlib.import_module(self._name)
+        globals()[self._alias] = module
+        return getattr(module, attribute)
+
+
+torch_xla = _ImportedOnFirstUse("torch_xla", "torch_xla")
+xm = _ImportedOnFirstUse("xm", "torch_xla.core.xla_model")
+xla_dlpack = _ImportedOnFirstUse("xla_dlpack", "torch_xla.utils.dlpack")
 
 
 def is_initialized():
@@ -153,13 +174,14 @@ def now():
 # -- Collectives of the native transport (comm/native.py) ----------------------------
 # Each traces an XLA collective into the pending graph of the participating processes;
 # `groups` are replica groups of global ranks covering the whole world.
-REDUCE_KINDS = {"SUM": xm.REDUCE_SUM, "PRODUCT": xm.REDUCE_MUL, "MIN": xm.REDUCE_MIN, "MAX": xm.REDUCE_MAX,
-                "BAND": xm.REDUCE_AND, "BOR": xm.REDUCE_OR}
+# ReduceOp name -> the name of torch_xla's reduce type constant (xla_model.REDUCE_*)
+REDUCE_KINDS = {"SUM": "REDUCE_SUM", "PRODUCT": "REDUCE_MUL", "MIN": "REDUCE_MIN", "MAX": "REDUCE_MAX",
+                "BAND": "REDUCE_AND", "BOR": "REDUCE_OR"}
 
 
 def all_reduce(kind, tensor, groups, scale=1.0):
     """The reduction of `tensor` over its replica group, as a new tensor (kind: REDUCE_KINDS key)."""
-    return xm.all_reduce(REDUCE_KINDS[kind], tensor, scale=scale, groups=groups, pin_layout=False)
+    return xm.all_reduce(getattr(xm, REDUCE_KINDS[kind]), tensor, scale=scale, groups=groups, pin_layout=False)
 
 
 def all_gather(tensor, groups):
@@ -169,7 +191,7 @@ def all_gather(tensor, groups):
 
 def reduce_scatter(kind, tensor, shard_count, groups, scale=1.0):
     """This rank's dim-0 shard of the reduction of `tensor` over its replica group."""
-    return xm.reduce_scatter(REDUCE_KINDS[kind], tensor, scale=scale, scatter_dim=0, shard_count=shard_count,
+    return xm.reduce_scatter(getattr(xm, REDUCE_KINDS[kind]), tensor, scale=scale, scatter_dim=0, shard_count=shard_count,
                              groups=groups, pin_layout=False)
 
 
