@@ -13,6 +13,7 @@ torch_xla up front (`backend.load()`).
 
 import functools
 import importlib
+import importlib.util
 import os
 import time
 
@@ -161,9 +162,34 @@ def supports_fp16(device_kind):
 
 
 def trace_range(name):
-    """A named profiler range (shows in XLA profiles; costs nothing when not tracing)."""
-    import torch_xla.debug.profiler as xp
-    return xp.Trace(name)
+    """A named profiler range, as a context manager (shows in XLA profiles; costs little when not tracing)."""
+    if _jax_installed():
+        import torch_xla.debug.profiler as xp
+        return xp.Trace(name)  # also opens JAX's named scope, for torchax lowering
+    return _ProfilerRange(name)
+
+
+@functools.cache
+def _jax_installed():
+    return importlib.util.find_spec("jax") is not None
+
+
+class _ProfilerRange:
+    """torch_xla.debug.profiler.Trace without its JAX scope: Trace tries `import jax` at every entry, a scan of
+    sys.path when JAX is absent (about 1 ms), and ZeRO-3 opens a hundred ranges per step."""
+
+    def __init__(self, name):
+        self._name = name
+
+    def __enter__(self):
+        self._scope = torch_xla._XLAC.profiler.scope_pusher(self._name)
+        self._trace = torch_xla._XLAC.profiler.TraceMe(self._name)
+        self._trace.__enter__()
+        return self
+
+    def __exit__(self, *exc_info):
+        del self._scope
+        self._trace.__exit__(*exc_info)
 
 
 def now():
