@@ -11,3 +11,9 @@ collect_ignore = ["upstream_tree"]
 from harness.environment import use_stack_extensions  # noqa: E402
 
 use_stack_extensions()
+
+
+def pytest_collection_modifyitems(items):
+    """The slow tests first, longest-known first within them (their collection order): with two workers
+    the run then ends on short tests instead of waiting on a long one started last."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)

@@ -65,6 +65,7 @@ def failed_ids(report):
     return {r["id"].removeprefix("conformance/") for r in report["results"] if r["status"] in ("failed", "error")}
 
 
+@pytest.mark.slow
 def test_reference_candidate_passes_interface_suite(tmp_path):
     """Three times over: a check whose answer changes between runs is flaky, and fails the run."""
     status, report, stderr = run_harness(tmp_path, "--suite", "interface", "--repeat", "3")

@@ -11,22 +11,23 @@ from test_harness_candidates import CANDIDATES, failed_ids, run_harness
 
 # run -> (suite, pytest -k selection or None, the number of checks deepspeed_xla runs there);
 # every one must pass. Long suites are split so that test workers share them.
+# The longest first (tests/conftest.py runs slow tests in collection order, ahead of the rest).
 REFERENCE_RUNS = {
-    "launcher": ("launcher", None, 3),  # runner parent at --num_gpus 2 and 4, launched ranks
-    "collectives": ("collectives", None, 2 * 34),  # fixtures/collectives.py cases at 2 and 4 ranks
-    "zero-1rank": ("zero", "1rank", 8),  # stages 0-3 x fp32/bf16
-    "zero-2ranks-fp32": ("zero", "2rank and fp32", 5),  # the same, and accumulation + activation checkpointing
+    "scripts-1rank": ("scripts", "1rank and not zero3", 20),  # user-script patterns and config variants, ZeRO 0-2
+    "scripts-2ranks": ("scripts", "2rank", 7),
+    "zero-2ranks-fp32": ("zero", "2rank and fp32", 5),  # stages 0-3, and accumulation + activation checkpointing
     "zero-2ranks-bf16": ("zero", "2rank and bf16", 4),
-    "pipeline-2ranks": ("pipeline", "2ranks", 2),  # with and without activation checkpointing
-    "pipeline-4ranks": ("pipeline", "4ranks", 1),
     "checkpoint-zero2": ("checkpoint", "zero2", 3),  # XLA->XLA, XLA->CPU, CPU->XLA
     "checkpoint-zero3": ("checkpoint", "zero3", 3),
+    "zero-1rank": ("zero", "1rank", 8),  # stages 0-3 x fp32/bf16
+    "collectives": ("collectives", None, 2 * 34),  # fixtures/collectives.py cases at 2 and 4 ranks
+    "pipeline-2ranks": ("pipeline", "2ranks", 2),  # with and without activation checkpointing
+    "scripts-1rank-zero3": ("scripts", "1rank and zero3", 6),
+    "pipeline-4ranks": ("pipeline", "4ranks", 1),
+    "launcher": ("launcher", None, 3),  # runner parent at --num_gpus 2 and 4, launched ranks
+    "scripts-checkpointing": ("scripts", "activation_checkpointing", 2),  # dropout, checkpointed vs plain
     "graph": ("graph", None, 10),  # per config: no compilation after warm-up, graphs per step within the hand loop's bound
     "lowering": ("lowering", None, 12),  # each collective's HLO on the native transport, traced in a world of 4
-    "scripts-1rank": ("scripts", "1rank and not zero3", 20),  # user-script patterns and config variants, ZeRO 0-2
-    "scripts-1rank-zero3": ("scripts", "1rank and zero3", 6),
-    "scripts-2ranks": ("scripts", "2rank", 7),
-    "scripts-checkpointing": ("scripts", "activation_checkpointing", 2),  # dropout, checkpointed vs plain
 }
 
 
@@ -99,6 +100,7 @@ def run_suite(tmp_path, suite, candidate=None, selection=None):
     return status, report
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1800)
 @pytest.mark.parametrize("run", REFERENCE_RUNS)
 def test_reference_candidate_passes(tmp_path, run):
@@ -113,6 +115,7 @@ def test_reference_candidate_passes(tmp_path, run):
     assert not live, f"stored CPU references were asked for, yet trained live: {live}"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)
 @pytest.mark.parametrize("candidate", CAUGHT)
 def test_broken_candidate_fails_on_its_checks(tmp_path, candidate):
