@@ -46,7 +46,10 @@ def build_ops(env_dir):
     stamp = env_dir / EXTENSIONS / ".prebuilt"
     if stamp.is_file() and stamp.read_text() == repr(PREBUILT_OPS):
         return
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(env_dir / EXTENSIONS)}
+    # The stack's bin first on PATH: torch builds with the first ninja it finds, and a system ninja
+    # of another version writes a build log the stack's ninja discards, rebuilding every op later.
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "TORCH_EXTENSIONS_DIR": str(env_dir / EXTENSIONS),
+           "PATH": os.pathsep.join([str(env_dir / "bin"), os.environ.get("PATH", "")])}
     print(f"xla_stack: building DeepSpeed's CPU ops into {env_dir / EXTENSIONS} (a minute or two, once)", flush=True)
     subprocess.run([str(env_dir / "bin" / "python"), "-c", _BUILD_OPS.format(ops=PREBUILT_OPS)], env=env, check=True)
     stamp.write_text(repr(PREBUILT_OPS))

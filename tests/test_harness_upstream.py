@@ -102,11 +102,13 @@ def test_a_hung_test_is_stopped_in_bounded_time_and_the_run_goes_on(tmp_path, tr
     said = []
     run = upstream_run.run_side(name="baseline", tests_dir=tree / "tests",
                                 targets=[f"{BASICS}::test_hangs_when_asked", f"{BASICS}::test_runs_in_the_session"],
-                                pytest_args=[], env=env, workdir=tmp_path, timeout_s=3, say=said.append, grace_s=2)
+                                pytest_args=[], env=env, workdir=tmp_path, timeout_s=6, say=said.append, grace_s=2)
+    # timeout_s also bounds the quiet between tests: 3 s was too tight for a session's start-up on a
+    # loaded machine (the passing test's session was stopped and a third one ran it).
     hung = run.results[f"{BASICS}::test_hangs_when_asked"]
-    assert hung["status"] == "error" and "did not finish within 5 s" in hung["message"]
-    assert run.results[f"{BASICS}::test_runs_in_the_session"]["status"] == "passed"
-    assert run.stopped == [f"{BASICS}::test_hangs_when_asked"] and run.sessions == 2
+    assert hung["status"] == "error" and "did not finish within 8 s" in hung["message"]
+    assert run.results[f"{BASICS}::test_runs_in_the_session"]["status"] == "passed", said
+    assert run.stopped == [f"{BASICS}::test_hangs_when_asked"] and run.sessions == 2, said
     assert run.seconds < 60 and processes_under(tree) == []
 
 
