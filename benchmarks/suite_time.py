@@ -5,7 +5,7 @@ process importing torch_xla and DeepSpeed, and starting the XLA runtime).
 Targets (issue "performance"): `--suite smoke` <= 3 minutes on 2 cores; `all` <= 15.
 
     python -m harness bench --only suite_time                 (smoke, 2 workers)
-    python benchmarks/suite_time.py --suite all --workers 2
+    python benchmarks/suite_time.py --suite all --workers 2 [--reference stored]
 """
 
 import argparse
@@ -40,6 +40,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--suite", default="smoke")
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--reference", choices=("live", "stored"), default="live",
+                        help="where the training checks get the CPU reference curve (harness run --reference)")
     args = parser.parse_args()
     imports, runtime_start = process_start_cost()
     print(f"fixed cost of one process: imports {imports:.1f} s, XLA runtime start {runtime_start:.1f} s", flush=True)
@@ -47,8 +49,8 @@ def main():
         start = time.perf_counter()
         # The run's reports/latest link stays in the temporary directory (it would dangle in the repository's).
         proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", args.suite,
-                               "--workers", str(args.workers), "--out", f"{out}/run"], cwd=REPO, capture_output=True,
-                              text=True, env=dict(os.environ, HARNESS_REPORTS_DIR=out))
+                               "--workers", str(args.workers), "--reference", args.reference, "--out", f"{out}/run"],
+                              cwd=REPO, capture_output=True, text=True, env=dict(os.environ, HARNESS_REPORTS_DIR=out))
         wall = time.perf_counter() - start
         report_path = Path(out) / "run" / "report.json"
         if not report_path.is_file():
@@ -68,8 +70,8 @@ def main():
         print(f"  {result.get('duration_s', 0.0):7.1f} s  {result['id']}")
     summary = report["summary"]
     target = TARGET_S.get(args.suite)
-    print(f"suite {args.suite}, {args.workers} workers: wall {wall:.0f} s for {summary['total']} checks "
-          f"({summary['passed']} passed, exit {proc.returncode})"
+    print(f"suite {args.suite}, {args.workers} workers, {args.reference} references: wall {wall:.0f} s "
+          f"for {summary['total']} checks ({summary['passed']} passed, exit {proc.returncode})"
           + (f"; target <= {target} s: {'met' if wall <= target else 'missed'}" if target else ""))
     return 1 if proc.returncode or (target and wall > target) else 0
 

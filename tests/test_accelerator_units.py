@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 import torch_xla
+import torch_xla.utils.dlpack
 
 from deepspeed_xla.accelerator import XLA_Accelerator
 from deepspeed_xla.backend import runtime
@@ -199,6 +200,34 @@ def test_host_copies_of_xla_tensors_hold_their_values(view, dtype):
     host = runtime.to_host(pick(base.to(XLA)))
     assert host.device.type == "cpu" and host.is_contiguous()
     assert torch.equal(host, pick(base)), f"{view} {dtype}: {host} != {pick(base)}"
+
+
+@pytest.mark.parametrize("view", ["whole", "narrow", "column", "pending"])
+def test_read_only_host_views_hold_values_without_a_copy(view):
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    pick = {"whole": lambda t: t, "narrow": lambda t: t.view(-1).narrow(0, 5, 7), "column": lambda t: t[:, 2],
+            "pending": lambda t: t * 2 + 1}[view]
+    tensor = pick(base.to(XLA))
+    host = runtime.to_host(tensor, read_only=True)
+    assert host.is_contiguous() and torch.equal(host, pick(base))
+    # The device buffer itself, not a copy: the bridge's operands cost no host copy on PJRT CPU.
+    buffer = torch.from_dlpack(torch_xla.utils.dlpack.to_dlpack(tensor))
+    assert host.data_ptr() == buffer.data_ptr()
+
+
+@pytest.mark.parametrize("offset, adopted", [(0, True), (16, True), (3, False)], ids=["whole", "aligned", "unaligned"])
+def test_adopted_host_buffers_become_the_device_buffer_where_aligned(offset, adopted):
+    storage = torch.arange(64, dtype=torch.float32)
+    host = storage[offset:offset + 32]
+    device = runtime.to_device(host, XLA, adopt=True)
+    buffer = torch.from_dlpack(torch_xla.utils.dlpack.to_dlpack(device))
+    assert (buffer.data_ptr() == host.data_ptr()) == adopted, "PJRT CPU adopts only 64-byte aligned memory"
+    assert device.cpu().tolist() == list(range(offset, offset + 32))
+    # Updated in place over steps (XLA may donate the adopted buffer to the output): right values.
+    for _ in range(3):
+        device.mul_(2)
+        runtime.sync()
+    assert device.cpu().tolist() == [8.0 * v for v in range(offset, offset + 32)]
 
 
 def test_device_copies_do_not_alias_the_host_tensor():

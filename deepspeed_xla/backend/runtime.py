@@ -72,11 +72,15 @@ def _buffers_are_host_memory(device):
     return xm.xla_device_hw(device) == "CPU"
 
 
-def to_host(tensor):
+def to_host(tensor, *, read_only=False):
     """A contiguous CPU tensor with the value of XLA `tensor` (any shape, dtype, view), computing
     only what it needs, as `tensor.cpu()` does. On PJRT CPU, whose device buffers are host memory,
     the value is copied once out of the materialised buffer (DLPack), where a transfer through
-    XLA's literal path copies it twice (16 MB: about 7 against 20 ms)."""
+    XLA's literal path copies it twice (16 MB: about 7 against 20 ms).
+
+    read_only: the caller only reads the result and drops it before anything else runs on the
+    device (a collective's operand); on PJRT CPU it is then the device buffer itself, no copy.
+    Writing to it would change every tensor that shares the buffer."""
     if not _buffers_are_host_memory(tensor.device):
         return tensor.cpu().contiguous()
     torch_xla._XLAC._xla_sync_multi([tensor], [], True)
@@ -84,16 +88,28 @@ def to_host(tensor):
     view = torch_from_dlpack(xla_dlpack.to_dlpack(tensor))
     if view.dtype != tensor.dtype:  # XLA_USE_BF16 and the like store another type than the tensor's
         return tensor.cpu().contiguous()
+    if read_only and view.is_contiguous():
+        return view
     return view.clone(memory_format=torch.contiguous_format)
 
 
-def to_device(host, device):
+# PJRT CPU adopts host memory as a device buffer only at this alignment (bytes).
+_ADOPTABLE_ALIGNMENT = 64
+
+
+def to_device(host, device, *, adopt=False):
     """An XLA tensor on `device` with the value of CPU tensor `host`, as `host.to(device)`. On PJRT CPU
     the device buffer adopts a private copy of `host` (DLPack) instead of a transfer through XLA's
-    literal path; `host` stays the caller's to change."""
+    literal path; `host` stays the caller's to change.
+
+    adopt: the caller hands `host` over and never touches it again (a collective's result buffer);
+    on PJRT CPU the device buffer is then `host`'s memory itself, no copy, where it is contiguous
+    and 64-byte aligned (a slice at another offset is copied)."""
     if not _buffers_are_host_memory(device) or torch.device(device) != torch_xla.device():
         return host.to(device)  # DLPack lands on the process's default device
-    return xla_dlpack.from_dlpack(host.clone(memory_format=torch.contiguous_format))
+    if not (adopt and host.is_contiguous() and host.data_ptr() % _ADOPTABLE_ALIGNMENT == 0):
+        host = host.clone(memory_format=torch.contiguous_format)
+    return xla_dlpack.from_dlpack(host)
 
 
 def get_rng_seed(device):

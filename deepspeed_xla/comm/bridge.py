@@ -37,24 +37,28 @@ from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments
 from .process_group import XlaProcessGroupBase, completed_work
 
 
-def _host(tensor):
+def _host(tensor, read_only=False):
     """A contiguous host tensor with the value of `tensor`. CPU tensors that are already
-    contiguous are used as they are, so gloo works on them in place."""
+    contiguous are used as they are, so gloo works on them in place. An XLA tensor's is a
+    private copy, or with read_only (an operand gloo only sends) possibly its device buffer
+    itself (runtime.to_host), which must be dropped before the call returns."""
     if tensor.device.type == "cpu":
         return tensor if tensor.is_contiguous() else tensor.contiguous()
     with torch.no_grad():
-        return runtime.to_host(tensor)
+        return runtime.to_host(tensor, read_only=read_only)
 
 
 def _host_empty(tensor):
     return torch.empty(tensor.shape, dtype=tensor.dtype)
 
 
-def _write_back(target, host):
+def _write_back(target, host, owned=True):
+    """Write `host` into `target` in place. `owned`: `host` is a result buffer of this module's own
+    that nothing else holds, whose memory an XLA target's device buffer may adopt (no copy)."""
     if host is target:
         return
     with torch.no_grad():
-        target.copy_(host if host.device == target.device else runtime.to_device(host, target.device))
+        target.copy_(host if host.device == target.device else runtime.to_device(host, target.device, adopt=owned))
 
 
 def _reduce_op_name(op):
@@ -224,7 +228,8 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
                 _write_back(output, torch.cat([t.reshape(-1) for t in inputs]).view(output.shape))
             return
         # All operands are read before any output is written (outputs may alias inputs).
-        flats = [torch.cat([_host(t).reshape(-1) for t in inputs]) for inputs in inputs_per_output]
+        flats = [_host(inputs[0]).reshape(-1) if len(inputs) == 1 and inputs[0].device.type != "cpu"
+                 else torch.cat([_host(t, read_only=True).reshape(-1) for t in inputs]) for inputs in inputs_per_output]
         for output, flat in zip(outputs, flats):
             self._allreduce_host([flat], op, name)
             shard = output.numel()
@@ -253,29 +258,31 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         arguments.same_shape(self._where("broadcast"), tensors, tensors[0])
         if self._alone:
             return completed_work(tensors)
-        hosts = [_host(t) for t in tensors]
+        root = self.rank() == opts.rootRank
+        # The root's buffers are only sent (gloo writes a root's other tensors when given several).
+        hosts = [_host(t, read_only=len(tensors) == 1) if root else _host_empty(t) for t in tensors]
         self._run(f"broadcast(src={self._global_rank(opts.rootRank)})", lambda: self._gloo.broadcast(hosts, opts))
-        if self.rank() != opts.rootRank:
+        if not root:
             for tensor, host in zip(tensors, hosts):
                 _write_back(tensor, host)
         return completed_work(tensors)
 
     def _gather_hosts(self, input, name):
-        """Every rank's value of `input`, as host tensors (an all-gather)."""
-        host_input = _host(input)
-        host_outputs = [torch.empty_like(host_input) for _ in range(self.size())]
-        self._run(name, lambda: self._gloo.allgather([host_outputs], [host_input]))
-        return host_outputs
+        """Every rank's value of `input`, in rank order, as one flat host tensor (an all-gather)."""
+        host_input = _host(input, read_only=True)
+        flat = torch.empty(self.size() * host_input.numel(), dtype=host_input.dtype)
+        self._run(name, lambda: self._gloo._allgather_base(flat, host_input))
+        return flat
 
     def allgather(self, output_tensors_list, input_tensors, opts=None):
         arguments.per_rank_lists(self._where("all_gather"), output_tensors_list, input_tensors, self.size())
         if self._alone:
             for outputs, input in zip(output_tensors_list, input_tensors):
-                _write_back(outputs[0], input)
+                _write_back(outputs[0], input, owned=False)
             return completed_work([t for outputs in output_tensors_list for t in outputs])
         gathered = [self._gather_hosts(input, "all_gather") for input in input_tensors]
-        for outputs, hosts in zip(output_tensors_list, gathered):
-            for output, host in zip(outputs, hosts):
+        for outputs, flat in zip(output_tensors_list, gathered):
+            for output, host in zip(outputs, flat.chunk(self.size())):
                 _write_back(output, host.view(output.shape))
         return completed_work([t for outputs in output_tensors_list for t in outputs])
 
@@ -284,11 +291,11 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             arguments.flat_sizes(self._where(name), output, input, self.size(), "output", "input")
         if self._alone:
             for output, input in zip(outputs, inputs):
-                _write_back(output, input.reshape(output.shape))
+                _write_back(output, input.reshape(output.shape), owned=False)
             return
         gathered = [self._gather_hosts(input, name) for input in inputs]
-        for output, hosts in zip(outputs, gathered):
-            _write_back(output, torch.cat([h.reshape(-1) for h in hosts]).view(output.shape))
+        for output, flat in zip(outputs, gathered):
+            _write_back(output, flat.view(output.shape))
 
     def _allgather_base(self, output, input, opts=None):
         self._gather_into([output], [input], "all_gather_into_tensor")
@@ -304,9 +311,9 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         name = f"gather(dst={self._global_rank(opts.rootRank)})"
         if self.rank() == opts.rootRank:
             arguments.per_rank_lists(self._where(name), output_tensors_list, input_tensors, self.size())
-        hosts = self._gather_hosts(input_tensors[0], name)
+        flat = self._gather_hosts(input_tensors[0], name)
         if self.rank() == opts.rootRank:
-            for output, host in zip(output_tensors_list[0], hosts):
+            for output, host in zip(output_tensors_list[0], flat.chunk(self.size())):
                 _write_back(output, host.view(output.shape))
         return completed_work(output_tensors_list[0] if output_tensors_list else [])
 
@@ -315,7 +322,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             where = self._where(f"scatter(src={self._global_rank(opts.rootRank)})")
             arguments.one_per_rank_like(where, input_tensors_list[0], output_tensors[0], self.size(), "input list")
         host_output = _host_empty(output_tensors[0])
-        host_inputs = [[_host(t) for t in input_tensors_list[0]]] if input_tensors_list else []
+        host_inputs = [[_host(t, read_only=True) for t in input_tensors_list[0]]] if input_tensors_list else []
         self._run(f"scatter(src={self._global_rank(opts.rootRank)})",
                   lambda: self._gloo.scatter([host_output], host_inputs, opts))
         _write_back(output_tensors[0], host_output)
@@ -326,10 +333,10 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
                                     input_split_sizes, self.size())
         if self._alone:
             arguments.flat_sizes(self._where("all_to_all_single"), output, input, 1, "output", "input")
-            _write_back(output, input.reshape(output.shape))
+            _write_back(output, input.reshape(output.shape), owned=False)
             return completed_work([output])
         host_output = _host_empty(output)
-        host_input = _host(input)
+        host_input = _host(input, read_only=True)
         self._run("all_to_all_single", lambda: self._gloo.alltoall_base(host_output, host_input, output_split_sizes,
                                                                         input_split_sizes, opts))
         _write_back(output, host_output)
@@ -340,9 +347,9 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         arguments.all_to_all(self._where("all_to_all"), output_tensors, input_tensors, self.size())
         if self._alone:
             arguments.flat_sizes(self._where("all_to_all"), output_tensors[0], input_tensors[0], 1, "output", "input")
-            _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape))
+            _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape), owned=False)
             return completed_work(output_tensors)
-        host_input = torch.cat([_host(t).reshape(-1) for t in input_tensors])
+        host_input = torch.cat([_host(t, read_only=True).reshape(-1) for t in input_tensors])
         host_output = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
         out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
         self._run("all_to_all", lambda: self._gloo.alltoall_base(host_output, host_input, out_splits, in_splits, opts))
