@@ -68,6 +68,9 @@ def main():
     print("slowest checks:")
     for result in sorted(report["results"], key=lambda r: -r.get("duration_s", 0.0))[:5]:
         print(f"  {result.get('duration_s', 0.0):7.1f} s  {result['id']}")
+    for result in report["results"]:
+        if result["status"] not in ("passed", "xfailed"):
+            print(f"  {result['status']}: {result['id']}")
     summary = report["summary"]
     target = TARGET_S.get(args.suite)
     print(f"suite {args.suite}, {args.workers} workers, {args.reference} references: wall {wall:.0f} s "

@@ -23,7 +23,7 @@ def seeds_to_state(base, running):
     """State of two seeds: a uint8 CPU tensor of 16 bytes, base then running seed, each 64-bit little-endian unsigned.
     Raises OverflowError for a seed that is negative or does not fit 64 bits."""
     data = b"".join(int(seed).to_bytes(_SEED_BYTES, "little", signed=False) for seed in (base, running))
-    return torch.tensor(list(data), dtype=torch.uint8)
+    return torch.tensor(list(data), dtype=torch.uint8, device="cpu")  # zero.Init redirects bare constructors
 
 
 def state_to_seeds(state):

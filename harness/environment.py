@@ -134,12 +134,25 @@ def use_stack_extensions(environ=os.environ):
 
     DeepSpeed JIT-builds its C++ ops into ~/.cache/torch_extensions by default, shared by every
     environment on the machine: two environments rebuild the same op alternately, and a build
-    killed midway leaves a lock that makes every later load wait forever.
+    killed midway leaves a lock that makes every later load wait forever. With the prebuilt ops in
+    use, the environment's bin also goes first on PATH (the ninja that built them).
     """
     prebuilt = Path(sys.prefix) / "torch_extensions"
     if EXTENSIONS_ENV not in environ and prebuilt.is_dir():
         environ[EXTENSIONS_ENV] = str(prebuilt)
-    return Path(environ.get(EXTENSIONS_ENV) or Path.home() / ".cache" / "torch_extensions")
+    chosen = Path(environ.get(EXTENSIONS_ENV) or Path.home() / ".cache" / "torch_extensions")
+    if chosen == prebuilt:
+        _stack_bin_first(environ)
+    return chosen
+
+
+def _stack_bin_first(environ):
+    """Put this environment's bin first on PATH. torch builds and checks ops with the first `ninja` on
+    PATH; the stack's ninja built the prebuilt ops, and another version (a system ninja) cannot read
+    its build log, so it would rebuild every op on every load."""
+    stack_bin = str(Path(sys.prefix) / "bin")
+    rest = [entry for entry in environ.get("PATH", "").split(os.pathsep) if entry and entry != stack_bin]
+    environ["PATH"] = os.pathsep.join([stack_bin, *rest])
 
 
 def _age(path, now=None):

@@ -20,7 +20,7 @@ REFERENCE_RUNS = {
     "checkpoint-zero2": ("checkpoint", "zero2", 3),  # XLA->XLA, XLA->CPU, CPU->XLA
     "checkpoint-zero3": ("checkpoint", "zero3", 3),
     "zero-1rank": ("zero", "1rank", 8),  # stages 0-3 x fp32/bf16
-    "collectives": ("collectives", None, 2 * 34),  # fixtures/collectives.py cases at 2 and 4 ranks
+    "collectives": ("collectives", None, 2 * 35),  # fixtures/collectives.py cases at 2 and 4 ranks
     "pipeline-2ranks": ("pipeline", "2ranks", 2),  # with and without activation checkpointing
     "scripts-1rank-zero3": ("scripts", "1rank and zero3", 6),
     "pipeline-4ranks": ("pipeline", "4ranks", 1),

@@ -66,3 +66,13 @@ def test_stack_extensions_respect_a_directory_the_user_set(tmp_path, preset):
     chosen = environment.use_stack_extensions(environ)
     assert chosen == (tmp_path if preset else Path(sys.prefix) / "torch_extensions")
     assert environ["TORCH_EXTENSIONS_DIR"] == str(chosen)
+
+
+def test_prebuilt_ops_are_checked_with_the_ninja_that_built_them():
+    stack_bin = str(Path(sys.prefix) / "bin")
+    environ = {"PATH": os.pathsep.join(["/usr/bin", stack_bin, "/bin"])}
+    environment.use_stack_extensions(environ)
+    assert environ["PATH"].split(os.pathsep) == [stack_bin, "/usr/bin", "/bin"]
+    elsewhere = {"TORCH_EXTENSIONS_DIR": "/somewhere/else", "PATH": "/usr/bin"}
+    environment.use_stack_extensions(elsewhere)
+    assert elsewhere["PATH"] == "/usr/bin", "a directory the user chose keeps the user's PATH"

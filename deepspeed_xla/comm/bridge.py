@@ -48,8 +48,11 @@ def _host(tensor, read_only=False):
         return runtime.to_host(tensor, read_only=read_only)
 
 
-def _host_empty(tensor):
-    return torch.empty(tensor.shape, dtype=tensor.dtype)
+def _host_empty(tensor, numel=None):
+    """An uninitialised host buffer of `tensor`'s shape (or `numel` elements, flat) and dtype. The
+    device is named: inside DeepSpeed's zero.Init a bare constructor lands on the accelerator."""
+    shape = tensor.shape if numel is None else (numel,)
+    return torch.empty(shape, dtype=tensor.dtype, device="cpu")
 
 
 def _write_back(target, host, owned=True):
@@ -199,7 +202,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             self._gloo_op(opts.reduceOp, "all_reduce_coalesced")
             return completed_work(tensors)
         hosts = [_host(t) for t in tensors]
-        flat = torch.cat([h.reshape(-1) for h in hosts]) if hosts else torch.empty(0)
+        flat = torch.cat([h.reshape(-1) for h in hosts]) if hosts else torch.empty(0, device="cpu")
         self._allreduce_host([flat], opts.reduceOp, "all_reduce_coalesced")
         offset = 0
         for tensor in tensors:
@@ -270,7 +273,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
     def _gather_hosts(self, input, name):
         """Every rank's value of `input`, in rank order, as one flat host tensor (an all-gather)."""
         host_input = _host(input, read_only=True)
-        flat = torch.empty(self.size() * host_input.numel(), dtype=host_input.dtype)
+        flat = _host_empty(host_input, self.size() * host_input.numel())
         self._run(name, lambda: self._gloo._allgather_base(flat, host_input))
         return flat
 
@@ -350,7 +353,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape), owned=False)
             return completed_work(output_tensors)
         host_input = torch.cat([_host(t, read_only=True).reshape(-1) for t in input_tensors])
-        host_output = torch.empty(sum(t.numel() for t in output_tensors), dtype=output_tensors[0].dtype)
+        host_output = _host_empty(output_tensors[0], sum(t.numel() for t in output_tensors))
         out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
         self._run("all_to_all", lambda: self._gloo.alltoall_base(host_output, host_input, out_splits, in_splits, opts))
         for output, host in zip(output_tensors, torch.split(host_output, out_splits)):
