@@ -10,16 +10,17 @@ RESULT_PREFIX = "bench-result "  # rank 0's result lines, among whatever DeepSpe
 TIMEOUT_S = 1800  # a world still running after this is stopped (a rank that died leaves the others waiting)
 
 
-def launch(script, args, world):
-    """Popen objects for ranks 0..world-1 of `script --worker ARGS`; rank 0's stdout is a text pipe,
-    each rank's stderr a temporary file. All are killed after TIMEOUT_S."""
+def launch(script, args, world, on_cpu_accelerator=False):
+    """Popen objects for ranks 0..world-1 of `script --worker ARGS` on deepspeed_xla (or, with
+    on_cpu_accelerator, DeepSpeed's CPU accelerator); rank 0's stdout is a text pipe, each rank's
+    stderr a temporary file. All are killed after TIMEOUT_S."""
     from harness import candidates
     from harness.candidate_env import accelerator_env
     from harness.launching import free_port
     port = free_port()
     procs = []
     for rank in range(world):
-        env = accelerator_env(candidates.parse_spec(candidates.DEFAULT_SPEC), {
+        env = accelerator_env(None if on_cpu_accelerator else candidates.parse_spec(candidates.DEFAULT_SPEC), {
             "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         procs.append(subprocess.Popen([sys.executable, str(script), "--worker", *args], env=env, text=True,

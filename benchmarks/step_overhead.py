@@ -10,7 +10,13 @@ steps: the median wall time, and per step the XLA graph executions, device-to-ho
 and compilations (PyTorch/XLA's metrics). Model: 4 Linear(1024, 1024) layers, batch 32.
 Targets (issue "performance"): ZeRO 0-2 within 1.10x of the hand loop, ZeRO-3 within 1.5x.
 
+The same world then runs again on DeepSpeed's CPU accelerator against the same loop in eager
+PyTorch on CPU, both with torch.optim.AdamW (DeepSpeed's `torch_adam`): that `ds/hand` column is what DeepSpeed's ZeRO layout costs by itself (its
+flat partitions, gradient buckets and copies back), and `xla/cpu` divides the XLA ratio by it,
+what the XLA port adds on top (1.00x: nothing).
+
     python -m harness bench --only step_overhead      (or: python benchmarks/step_overhead.py)
+    --no-cpu leaves the CPU-accelerator baseline out.
 """
 
 import argparse
@@ -51,29 +57,28 @@ def _counters():
             "compilations": count("CompileTime")}
 
 
-def _measure(step):
-    """Run `step()` WARMUP + MEASURED times; median ms and per-step counter deltas of the measured ones."""
+def _measure(step, on_xla):
+    """Run `step()` WARMUP + MEASURED times; median ms and, on XLA, per-step counter deltas of the measured ones."""
     for _ in range(WARMUP):
         step()
-    before, times = _counters(), []
+    before, times = _counters() if on_xla else {}, []
     for _ in range(MEASURED):
         start = time.perf_counter()
         step()
         times.append(time.perf_counter() - start)
-    after = _counters()
+    after = _counters() if on_xla else {}
     return {"ms": statistics.median(times) * 1000,
             **{key: (after[key] - before[key]) / MEASURED for key in before}}
 
 
-def _all_reduce_mean(grads, world):
+def _all_reduce_mean(grads, world, sync):
     """DDP's data-parallel gradient exchange, in one bucket: flatten, all-reduce, average, copy back.
-    The graph is cut first, as a PyTorch/XLA user does before values leave the device: the host
-    transport would otherwise compute the bucket in a graph of its own, and the step the gradients
-    again."""
+    On XLA the graph is cut first (`sync`), as a PyTorch/XLA user does before values leave the
+    device: the host transport would otherwise compute the bucket in a graph of its own, and the
+    step the gradients again."""
     import deepspeed.comm as dist
     import torch
-    import torch_xla
-    torch_xla.sync()
+    sync()
     flat = torch.cat([g.reshape(-1) for g in grads])
     dist.all_reduce(flat)
     flat.div_(world)
@@ -83,15 +88,19 @@ def _all_reduce_mean(grads, world):
         offset += g.numel()
 
 
-def worker(stage, dtype):
+def worker(stage, dtype, accelerator):
     import deepspeed
     import deepspeed.comm as dist
     import torch
-    import torch_xla
 
     deepspeed.init_distributed()
     rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch_xla.device()
+    on_xla = accelerator == "xla"
+    if on_xla:
+        import torch_xla
+        device, sync = torch_xla.device(), torch_xla.sync
+    else:
+        device, sync = torch.device("cpu"), lambda: None
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH, generator=g)
@@ -105,13 +114,16 @@ def worker(stage, dtype):
         loss = torch.nn.functional.mse_loss(hand(hx).float(), hy.float())
         loss.backward()
         if world > 1:
-            _all_reduce_mean([p.grad for p in hand.parameters()], world)
+            _all_reduce_mean([p.grad for p in hand.parameters()], world, sync)
         optimizer.step()
         optimizer.zero_grad()
-        torch_xla.sync()
+        sync()
         return loss.item()
 
-    config = {"train_micro_batch_size_per_gpu": BATCH, "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+    # On CPU, DeepSpeed's AdamW would be its C++ FusedAdam, not the hand loop's torch.optim.AdamW: torch_adam
+    # makes the optimizer arithmetic the same on both sides, leaving the ZeRO layout as the difference.
+    optimizer_params = {"lr": LR} if on_xla else {"lr": LR, "torch_adam": True}
+    config = {"train_micro_batch_size_per_gpu": BATCH, "optimizer": {"type": "AdamW", "params": optimizer_params},
               "zero_optimization": {"stage": stage, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6,
                                     "stage3_prefetch_bucket_size": 5e6},
               "bf16": {"enabled": dtype == "bf16"}, "steps_per_print": 10**9, "wall_clock_breakdown": False}
@@ -125,13 +137,14 @@ def worker(stage, dtype):
         engine.step()
         return loss.item()
 
-    measured = {"hand": _measure(hand_step), "deepspeed": _measure(deepspeed_step)}
+    measured = {"hand": _measure(hand_step, on_xla), "deepspeed": _measure(deepspeed_step, on_xla)}
     if rank == 0:
         print(RESULT_PREFIX + json.dumps(measured), flush=True)
 
 
-def run_row(stage, dtype, world):
-    procs = launch(__file__, ["--stage", str(stage), "--dtype", dtype], world)
+def run_row(stage, dtype, world, accelerator):
+    procs = launch(__file__, ["--stage", str(stage), "--dtype", dtype, "--accelerator", accelerator], world,
+                   on_cpu_accelerator=accelerator == "cpu")
     lines = list(results(procs))
     failed = failures(procs)
     if failed or not lines:
@@ -139,31 +152,47 @@ def run_row(stage, dtype, world):
     return json.loads(lines[-1]), None
 
 
+def _ms_cells(result):
+    if result is None:
+        return f"{'-':>8} {'-':>8} {'-':>8}"
+    hand, ds = result["hand"]["ms"], result["deepspeed"]["ms"]
+    return f"{hand:8.1f} {ds:8.1f} {ds / hand:7.2f}x"
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--stage", type=int)
     parser.add_argument("--dtype")
+    parser.add_argument("--accelerator", choices=("xla", "cpu"), default="xla")
     parser.add_argument("--only", help="rows as STAGE-DTYPE or STAGE-DTYPE-WORLD, comma-separated (e.g. 2-fp32,3-bf16-2)")
+    parser.add_argument("--no-cpu", action="store_true", help="leave out the CPU-accelerator baseline")
     args = parser.parse_args()
     if args.worker:
-        return worker(args.stage, args.dtype)
+        return worker(args.stage, args.dtype, args.accelerator)
     only = set(args.only.split(",")) if args.only else None
     rows = [(s, d, w) for s, d, w in ROWS if not only or {f"{s}-{d}", f"{s}-{d}-{w}"} & only]
+    print(f"{'':17} {'PJRT CPU, deepspeed_xla':^26}   {'':17} {'':16} {'':9}   "
+          f"{'CPU accelerator, eager':^26}", flush=True)
     print(f"{'zero':<5} {'dtype':<5} {'world':>5} {'hand ms':>8} {'ds ms':>8} {'ds/hand':>8}   "
-          f"{'exec/step hand ds':>17} {'d2h/step hand ds':>16} {'compiles after warm-up ds':>26}", flush=True)
+          f"{'exec/step hand ds':>17} {'d2h/step hand ds':>16} {'compiles':>9}   "
+          f"{'hand ms':>8} {'ds ms':>8} {'ds/hand':>8} {'xla/cpu':>8}", flush=True)
     missed = []
     for stage, dtype, world in rows:
-        result, error = run_row(stage, dtype, world)
+        result, error = run_row(stage, dtype, world, "xla")
         if error:
             print(f"{stage:<5} {dtype:<5} {world:>5} failed: {error}", flush=True)
             missed.append((stage, dtype, world))
             continue
+        baseline, baseline_error = (None, None) if args.no_cpu else run_row(stage, dtype, world, "cpu")
         hand, ds = result["hand"], result["deepspeed"]
         ratio = ds["ms"] / hand["ms"]
-        print(f"{stage:<5} {dtype:<5} {world:>5} {hand['ms']:8.1f} {ds['ms']:8.1f} {ratio:7.2f}x   "
+        port = f"{ratio / (baseline['deepspeed']['ms'] / baseline['hand']['ms']):7.2f}x" if baseline else f"{'-':>8}"
+        print(f"{stage:<5} {dtype:<5} {world:>5} {_ms_cells(result)}   "
               f"{hand['executions']:8.1f} {ds['executions']:8.1f} {hand['transfers']:7.1f} {ds['transfers']:8.1f} "
-              f"{ds['compilations'] * MEASURED:26.0f}", flush=True)
+              f"{ds['compilations'] * MEASURED:9.0f}   {_ms_cells(baseline)} {port}", flush=True)
+        if baseline_error:
+            print(f"    CPU accelerator baseline failed: {baseline_error}", flush=True)
         if ratio > TARGET[stage]:
             missed.append((stage, dtype, world))
     print(f"targets: ZeRO 0-2 <= {TARGET[0]:.2f}x, ZeRO-3 <= {TARGET[3]:.2f}x of the hand loop; "
