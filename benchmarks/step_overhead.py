@@ -1,19 +1,20 @@
 """DeepSpeed's training step on XLA against the loop a TPU user writes by hand, side by side.
 
 Each row runs one world (1 or 2 ranks, one process each, PJRT CPU) that trains the same model
-twice: a hand-written PyTorch/XLA loop (torch.optim.AdamW, one `torch_xla.sync()` per step, the
-loss read back each step; with 2 ranks the gradients flattened and all-reduced through the same
-transport DeepSpeed uses, `deepspeed.comm`, as DDP buckets them) and DeepSpeed with deepspeed_xla
-(the config's ZeRO stage, DeepSpeed's AdamW, the loss read back each step, as a training script
-logs it). Rank 0 reports. After WARMUP steps it measures MEASURED
-steps: the median wall time, and per step the XLA graph executions, device-to-host transfers
-and compilations (PyTorch/XLA's metrics). Model: 4 Linear(1024, 1024) layers, batch 32.
-Targets (issue "performance"): ZeRO 0-2 within 1.10x of the hand loop, ZeRO-3 within 1.5x.
+twice: a hand-written PyTorch/XLA loop (torch.optim.AdamW after `clip_grad_norm_` at DeepSpeed's
+`gradient_clipping`, one `torch_xla.sync()` per step, the loss read back each step; with 2 ranks
+the gradients flattened and all-reduced through the same transport DeepSpeed uses,
+`deepspeed.comm`, as DDP buckets them) and DeepSpeed with deepspeed_xla (the config's ZeRO stage,
+DeepSpeed's AdamW, the loss read back each step, as a training script logs it). Rank 0 reports.
+After WARMUP steps of each it measures MEASURED steps of each, one of each in turn: the median
+wall time, and per step the XLA graph executions, device-to-host transfers and compilations
+(PyTorch/XLA's metrics). Model: 4 Linear(1024, 1024) layers, batch 32. Targets (issue "performance"): ZeRO 0-2 within 1.10x of
+the hand loop, ZeRO-3 within 1.5x.
 
 The same world then runs again on DeepSpeed's CPU accelerator against the same loop in eager
-PyTorch on CPU, both with torch.optim.AdamW (DeepSpeed's `torch_adam`): that `ds/hand` column is what DeepSpeed's ZeRO layout costs by itself (its
-flat partitions, gradient buckets and copies back), and `xla/cpu` divides the XLA ratio by it,
-what the XLA port adds on top (1.00x: nothing).
+PyTorch on CPU, both with torch.optim.AdamW (DeepSpeed's `torch_adam`): that `ds/hand` is what
+DeepSpeed's ZeRO layout costs by itself (flat partitions, gradient buckets, copies back), and
+`xla/cpu` divides the XLA ratio by it: what the XLA port adds on top (1.00x: nothing).
 
     python -m harness bench --only step_overhead      (or: python benchmarks/step_overhead.py)
     --no-cpu leaves the CPU-accelerator baseline out.
@@ -32,7 +33,10 @@ sys.path.insert(0, str(REPO))
 from _ranks import RESULT_PREFIX, failures, launch, results  # noqa: E402
 
 WIDTH, LAYERS, BATCH, LR = 1024, 4, 32, 1e-3
-WARMUP, MEASURED = 5, 10
+# DeepSpeed clips gradients by their global norm unless told otherwise (`gradient_clipping`, 1.0 in
+# 0.19.8): the hand loop clips them the same way, so both sides do the same arithmetic.
+CLIP = 1.0
+WARMUP, MEASURED = 5, 20
 ROWS = [(stage, dtype, world) for world in (1, 2) for dtype in ("fp32", "bf16") for stage in (0, 1, 2, 3)]
 TARGET = {0: 1.10, 1: 1.10, 2: 1.10, 3: 1.5}
 
@@ -57,18 +61,26 @@ def _counters():
             "compilations": count("CompileTime")}
 
 
-def _measure(step, on_xla):
-    """Run `step()` WARMUP + MEASURED times; median ms and, on XLA, per-step counter deltas of the measured ones."""
-    for _ in range(WARMUP):
-        step()
-    before, times = _counters() if on_xla else {}, []
+def _measure(steps, on_xla):
+    """Run each of `steps` ({name: step function}) WARMUP times, then MEASURED rounds of one step of
+    each in turn, so that whatever else the machine does slows both sides alike. Per name: the
+    median ms and, on XLA, the counters' mean deltas per step."""
+    for step in steps.values():
+        for _ in range(WARMUP):
+            step()
+    times = {name: [] for name in steps}
+    totals = {name: {} for name in steps}
     for _ in range(MEASURED):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    after = _counters() if on_xla else {}
-    return {"ms": statistics.median(times) * 1000,
-            **{key: (after[key] - before[key]) / MEASURED for key in before}}
+        for name, step in steps.items():
+            before = _counters() if on_xla else {}
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+            after = _counters() if on_xla else {}
+            for key in before:
+                totals[name][key] = totals[name].get(key, 0) + after[key] - before[key]
+    return {name: {"ms": statistics.median(times[name]) * 1000,
+                   **{key: total / MEASURED for key, total in totals[name].items()}} for name in steps}
 
 
 def _all_reduce_mean(grads, world, sync):
@@ -115,6 +127,7 @@ def worker(stage, dtype, accelerator):
         loss.backward()
         if world > 1:
             _all_reduce_mean([p.grad for p in hand.parameters()], world, sync)
+        torch.nn.utils.clip_grad_norm_(hand.parameters(), CLIP)
         optimizer.step()
         optimizer.zero_grad()
         sync()
@@ -124,6 +137,7 @@ def worker(stage, dtype, accelerator):
     # makes the optimizer arithmetic the same on both sides, leaving the ZeRO layout as the difference.
     optimizer_params = {"lr": LR} if on_xla else {"lr": LR, "torch_adam": True}
     config = {"train_micro_batch_size_per_gpu": BATCH, "optimizer": {"type": "AdamW", "params": optimizer_params},
+              "gradient_clipping": CLIP,
               "zero_optimization": {"stage": stage, "reduce_bucket_size": 5e6, "allgather_bucket_size": 5e6,
                                     "stage3_prefetch_bucket_size": 5e6},
               "bf16": {"enabled": dtype == "bf16"}, "steps_per_print": 10**9, "wall_clock_breakdown": False}
@@ -137,7 +151,7 @@ def worker(stage, dtype, accelerator):
         engine.step()
         return loss.item()
 
-    measured = {"hand": _measure(hand_step, on_xla), "deepspeed": _measure(deepspeed_step, on_xla)}
+    measured = _measure({"hand": hand_step, "deepspeed": deepspeed_step}, on_xla)
     if rank == 0:
         print(RESULT_PREFIX + json.dumps(measured), flush=True)
 
