@@ -68,3 +68,13 @@ def test_process_group_on_tpu_is_native_with_global_ranks(monkeypatch):
     assert isinstance(group, XlaNativeProcessGroup)
     assert group._global_ranks == [1, 3] and group.rank() == 1 and group.size() == 2
     assert group.timeout == datetime.timedelta(seconds=7)
+
+
+@pytest.mark.parametrize("peer_seq,peer_op,expected", [
+    (5, "all_reduce(op=SUM)", "waits in the same call"),
+    (4, "all_reduce(op=SUM)", "is at #4 all_reduce(op=SUM)"),
+    (5, "barrier", "is at #5 barrier, where this rank called all_reduce(op=SUM)"),
+], ids=["same-call", "behind", "different-collective"])
+def test_a_failure_says_where_each_peer_is(peer_seq, peer_op, expected):
+    from deepspeed_xla.comm.bridge import _peer_state
+    assert _peer_state(peer_seq, peer_op, 5, "all_reduce(op=SUM)") == expected

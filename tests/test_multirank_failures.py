@@ -32,6 +32,9 @@ def no_survivors(tag):
               "rank 1 is at #1 all_reduce(op=SUM)"]),
     # rank 1 exits: rank 0's collective fails at once, the launcher reports the exit
     ("die", ["rank 0 in group [0, 1]: all_reduce(op=SUM) (#2) failed", "rank 1 is at #1 all_reduce(op=SUM)"]),
+    # the ranks call different collectives at the same point: each is told what the other called
+    ("mismatch", ["rank 0 in group [0, 1]: all_reduce(op=SUM) (#2) failed",
+                  "rank 1 is at #2 barrier, where this rank called all_reduce(op=SUM)"]),
     # an operation the backend cannot do: refused by name on the rank that asked
     ("unsupported", ["rank 1 in group [0, 1]: recv(src=None) is not supported by the XLA host bridge"]),
 ])

@@ -101,6 +101,15 @@ class _PendingWork(dist.Work):
         return future
 
 
+def _peer_state(peer_seq, peer_op, seq, op):
+    """What a peer last entered (its collective number and op) against this rank's failed `op`, number `seq`."""
+    if peer_seq != seq:
+        return f"is at #{peer_seq} {peer_op}"
+    if peer_op != op:
+        return f"is at #{peer_seq} {peer_op}, where this rank called {op}"
+    return "waits in the same call"
+
+
 class HostBridgeProcessGroup(XlaProcessGroupBase):
     """The `xla_ds` process group on PJRT CPU: operands go to the host, through gloo (a ProcessGroupGloo over `store`) and
     back into the caller's XLA tensors in place; every collective has completed when it returns. `timeout` (a timedelta)
@@ -129,8 +138,10 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         except RuntimeError:
             pass  # the store went away with its host rank; the collective itself will say so
 
-    def _peers(self):
-        """'rank 1 is at #12 all_reduce' for every peer, as far as the store still knows."""
+    def _peers(self, op):
+        """Where every peer is, as far as the store still knows, for a failure of this rank's `op`:
+        'rank 1 waits in the same call', or 'rank 1 is at #12 barrier' (with ', where this rank called
+        all_reduce(op=SUM)' when that is the same position: the ranks called different collectives)."""
         lines = []
         for group_rank, global_rank in enumerate(self._global_ranks):
             if group_rank == self.rank():
@@ -140,12 +151,11 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
                 if not self._store.check([key]):
                     lines.append(f"rank {global_rank} entered no collective of this group")
                     continue
-                seq, _, op = self._store.get(key).decode().partition(":")
+                seq, _, peer_op = self._store.get(key).decode().partition(":")
             except RuntimeError:
                 return "the other ranks' progress is unknown (the store is unreachable: rank " \
                        f"{self._global_rank(0)}, which hosts it, may have exited)"
-            state = "waits in the same call" if int(seq) == self._seq else f"is at #{seq} {op}"
-            lines.append(f"rank {global_rank} {state}")
+            lines.append(f"rank {global_rank} {_peer_state(int(seq), peer_op, self._seq, op)}")
         return "; ".join(lines)
 
     def _run(self, op, work_fn):
@@ -158,7 +168,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             work.wait()
         except RuntimeError as error:
             raise CollectiveError(f"{self._where(op)} (#{self._seq}) failed: {error}. "
-                                  f"Peers: {self._peers()}.") from error
+                                  f"Peers: {self._peers(op)}.") from error
 
     # -- reductions -------------------------------------------------------------------
     def _gloo_op(self, op, name):
