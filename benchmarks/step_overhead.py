@@ -166,11 +166,15 @@ def run_row(stage, dtype, world, accelerator):
     return json.loads(lines[-1]), None
 
 
+def _ratio(result):
+    """DeepSpeed's step time over the hand loop's, in one row's result."""
+    return result["deepspeed"]["ms"] / result["hand"]["ms"]
+
+
 def _ms_cells(result):
     if result is None:
         return f"{'-':>8} {'-':>8} {'-':>8}"
-    hand, ds = result["hand"]["ms"], result["deepspeed"]["ms"]
-    return f"{hand:8.1f} {ds:8.1f} {ds / hand:7.2f}x"
+    return f"{result['hand']['ms']:8.1f} {result['deepspeed']['ms']:8.1f} {_ratio(result):7.2f}x"
 
 
 def main():
@@ -200,8 +204,8 @@ def main():
             continue
         baseline, baseline_error = (None, None) if args.no_cpu else run_row(stage, dtype, world, "cpu")
         hand, ds = result["hand"], result["deepspeed"]
-        ratio = ds["ms"] / hand["ms"]
-        port = f"{ratio / (baseline['deepspeed']['ms'] / baseline['hand']['ms']):7.2f}x" if baseline else f"{'-':>8}"
+        ratio = _ratio(result)
+        port = f"{ratio / _ratio(baseline):7.2f}x" if baseline else f"{'-':>8}"
         print(f"{stage:<5} {dtype:<5} {world:>5} {_ms_cells(result)}   "
               f"{hand['executions']:8.1f} {ds['executions']:8.1f} {hand['transfers']:7.1f} {ds['transfers']:8.1f} "
               f"{ds['compilations'] * MEASURED:9.0f}   {_ms_cells(baseline)} {port}", flush=True)
