@@ -20,8 +20,17 @@ SCRIPT = FIXTURES / "faulty.py"
 TIMEOUT_ENV = {"DS_XLA_COLLECTIVE_TIMEOUT": "10"}
 
 
-def no_survivors(tag):
-    left = [p for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or [])]
+def _of_run(process, port):
+    """Whether `process` belongs to the launch on `port`: the launcher names it, its ranks have it as MASTER_PORT."""
+    try:
+        return f"--master_port {port}" in " ".join(process.cmdline()) or process.environ().get("MASTER_PORT") == str(port)
+    except psutil.Error:  # gone meanwhile
+        return False
+
+
+def no_survivors(run, tag):
+    # Only this run's processes: another test's launch of the same script may be running beside it.
+    left = [p for p in psutil.process_iter(["cmdline"]) if tag in " ".join(p.info["cmdline"] or []) and _of_run(p, run.port)]
     assert not left, f"processes left behind: {[p.pid for p in left]}"
 
 
@@ -46,7 +55,7 @@ def test_misbehaving_rank_fails_fast_and_clearly(mode, expected, tmp_path):
     assert run.seconds < 120, f"{mode}: took {run.seconds:.0f}s"
     for text in expected:
         assert text in run.log, f"{mode}: {text!r} missing from the log:\n{run.log[-4000:]}"
-    no_survivors(str(SCRIPT))
+    no_survivors(run, str(SCRIPT))
 
 
 @pytest.mark.slow
