@@ -70,24 +70,6 @@ def test_zero_bucket_sizes_are_bounded_by_the_model():
     assert result == {"reduce": 56, "allgather": 56, "reduce_kept": 56}, result
 
 
-def test_zero_1_and_2_flatten_gradients_instead_of_copying_them_into_a_contiguous_bucket():
-    # ZeRO-3 keeps the option as configured: it buckets its gradients its own way.
-    code = textwrap.dedent("""
-        import json, os, torch, deepspeed
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29619")
-        seen = {}
-        for stage in (1, 2, 3):
-            model = torch.nn.Linear(10, 5)
-            engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
-                "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
-                "zero_optimization": {"stage": stage, "contiguous_gradients": True}})
-            seen[stage] = [engine.zero_contiguous_gradients(), engine.optimizer.contiguous_gradients]
-        print(json.dumps(seen))
-    """)
-    result = last_json(run_python(code, "xla"))
-    assert result == {"1": [False, False], "2": [False, False], "3": [True, True]}, result
-
-
 def test_overflow_check_reads_the_device_once_and_answers_as_on_the_host():
     """DeepSpeed's CheckOverflow (FP16_Optimizer's, used by bf16 without ZeRO) asks gradient by
     gradient; on XLA the answers are combined on the device and read once, with the same result."""
