@@ -19,10 +19,10 @@ from . import backend
 def _install_accelerator(module):
     from .launch import is_launcher_parent
     launcher_parent = is_launcher_parent()
-    if not launcher_parent:
-        backend.load()  # workers must load it before DeepSpeed touches a device
     from .accelerator import XLA_Accelerator
     try:
+        if not launcher_parent:
+            backend.load()  # workers must load it before DeepSpeed touches a device
         accelerator = XLA_Accelerator(launcher_parent=launcher_parent)
     except ValueError as err:  # a DS_XLA_* setting that makes no sense: one line, not a traceback
         raise SystemExit(f"deepspeed_xla: {err}") from None

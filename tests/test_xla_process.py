@@ -1,8 +1,8 @@
 """What a DS_ACCELERATOR=xla process gets beyond the accelerator's methods, each in a fresh
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
-within the model, ZeRO-1/2 flatten their gradients instead of copying them into a bucket, and the
-overflow check reads the device once."""
+within the model, the overflow check reads the device once, and PJRT CPU's freed buffers stay with
+the process."""
 
 import re
 import textwrap
@@ -68,6 +68,42 @@ def test_zero_bucket_sizes_are_bounded_by_the_model():
     """)
     result = last_json(run_python(code, "xla"))
     assert result == {"reduce": 56, "allgather": 56, "reduce_kept": 56}, result
+
+
+BUFFER_PAGES = 12 * 2**20 * 4 // 4096  # a 48 MB fp32 buffer: above glibc's largest mmap threshold (32 MiB)
+
+
+@pytest.mark.parametrize("setting", ["keep", "system"])
+def test_freed_device_buffers_stay_with_the_process_on_pjrt_cpu(setting):
+    # Each step's graph outputs are new PJRT CPU buffers; with glibc's own settings each one is a
+    # fresh mapping whose every page faults in, zeroed ("system" shows the measurement sees it).
+    code = textwrap.dedent("""
+        import json, resource, torch, deepspeed, torch_xla
+        x = torch.ones(12 * 2**20, device=torch_xla.device())
+        def step():
+            y = x * 2
+            torch_xla.sync()
+            torch_xla._XLAC._xla_wait_device_ops([])
+            return y
+        for _ in range(10):  # the heap settles over the first steps
+            y = step()
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        for _ in range(10):
+            y = step()
+        print(json.dumps({"faults_per_step": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10}))
+    """)
+    faults = last_json(run_python(code, "xla", {"DS_XLA_CPU_MALLOC": setting, "PJRT_DEVICE": "CPU"}))["faults_per_step"]
+    if setting == "keep":
+        assert faults < BUFFER_PAGES / 4, (
+            f"{faults:.0f} page faults per step for one {BUFFER_PAGES}-page buffer: freed device memory went back to the kernel")
+    else:
+        assert faults > BUFFER_PAGES / 2, f"{faults:.0f} page faults per step: the measurement did not see the buffers' pages"
+
+
+def test_a_bad_cpu_malloc_setting_is_refused_in_one_line():
+    proc = run_python("import deepspeed", "xla", {"DS_XLA_CPU_MALLOC": "tcmalloc", "PJRT_DEVICE": "CPU"})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "DS_XLA_CPU_MALLOC='tcmalloc'" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_overflow_check_reads_the_device_once_and_answers_as_on_the_host():

@@ -5,6 +5,8 @@
 * op_fixes.py: kernels of deepspeed_xla's own on torch_xla's dispatch key;
 * pjrt_env.py: the per-process PJRT/TPU environment a launcher worker needs before the runtime
   starts (no torch_xla import);
+* host_memory.py: on PJRT CPU, freed device buffers stay with the process instead of being
+  faulted in again every step;
 * the names below: torch_xla's device type, dispatch key and torch.compile backends.
 
 docs/backends.md maps each piece onto what a second TPU backend (TorchTPU) would supply.
@@ -22,7 +24,10 @@ INSTALL_HINT = ("deepspeed_xla: DS_ACCELERATOR=xla needs torch_xla, which is not
 
 def load():
     """Import torch_xla, which registers the `xla` device with torch; a worker must do so before
-    DeepSpeed touches a device. SystemExit with INSTALL_HINT when torch_xla is not installed."""
+    DeepSpeed touches a device, after the host allocator is set up for PJRT CPU (host_memory.py).
+    SystemExit with INSTALL_HINT when torch_xla is not installed; ValueError for a bad DS_XLA_CPU_MALLOC."""
+    from . import host_memory
+    host_memory.keep_freed_memory()
     try:
         import torch_xla  # noqa: F401
     except ImportError:
