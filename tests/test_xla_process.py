@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 
+from deepspeed_xla.backend import host_memory
 from deepspeed_xla.zero_buffers import bounded
 from test_activation import last_json, run_python
 
@@ -98,6 +99,13 @@ def test_freed_device_buffers_stay_with_the_process_on_pjrt_cpu(setting):
             f"{faults:.0f} page faults per step for one {BUFFER_PAGES}-page buffer: freed device memory went back to the kernel")
     else:
         assert faults > BUFFER_PAGES / 2, f"{faults:.0f} page faults per step: the measurement did not see the buffers' pages"
+
+
+@pytest.mark.parametrize("environ", [{"PJRT_DEVICE": "TPU"}, {}, {"PJRT_DEVICE": "CPU", "DS_XLA_CPU_MALLOC": "system"}],
+                         ids=["tpu", "unset", "system"])
+def test_glibc_is_left_alone_off_pjrt_cpu_or_when_asked(environ):
+    # A TPU's device memory is its runtime's; this process's glibc settings must not change.
+    assert host_memory.keep_freed_memory(environ) is False
 
 
 def test_a_bad_cpu_malloc_setting_is_refused_in_one_line():

@@ -17,7 +17,6 @@ buffers. DS_XLA_CPU_MALLOC=system leaves glibc's own settings; another C library
 """
 
 import ctypes
-import ctypes.util
 import os
 
 SETTING = "DS_XLA_CPU_MALLOC"  # "keep" (default) or "system"
@@ -35,9 +34,8 @@ def keep_freed_memory(environ=os.environ):
                          "process) or 'system' (glibc's own malloc settings)")
     if choice == "system" or environ.get("PJRT_DEVICE", "").upper() != "CPU":
         return False
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
-    if libc is None or not hasattr(libc, "mallopt") or not hasattr(libc, "gnu_get_libc_version"):
+    libc = ctypes.CDLL(None)  # the symbols the process already has, its C library's among them
+    if not hasattr(libc, "gnu_get_libc_version"):  # not glibc
         return False
     return all(libc.mallopt(param, value) == 1
                for param, value in ((M_ARENA_MAX, 1), (M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1)))
