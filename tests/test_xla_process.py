@@ -71,13 +71,11 @@ def test_zero_bucket_sizes_are_bounded_by_the_model():
     assert result == {"reduce": 56, "allgather": 56, "reduce_kept": 56}, result
 
 
-BUFFER_PAGES = 12 * 2**20 * 4 // 4096  # a 48 MB fp32 buffer: above glibc's largest mmap threshold (32 MiB)
-
-
-@pytest.mark.parametrize("setting", ["keep", "system"])
-def test_freed_device_buffers_stay_with_the_process_on_pjrt_cpu(setting):
-    # Each step's graph outputs are new PJRT CPU buffers; with glibc's own settings each one is a
-    # fresh mapping whose every page faults in, zeroed ("system" shows the measurement sees it).
+def test_freed_device_buffers_stay_with_the_process_on_pjrt_cpu():
+    # Each step's graph output is a new 48 MB PJRT CPU buffer (above glibc's largest mmap threshold,
+    # 32 MiB). With glibc's own settings ("system") every step maps it afresh and faults each page in
+    # (4 KB pages: 12,288 faults; fewer where transparent huge pages back it), which shows the
+    # measurement sees the buffer; kept ("keep"), the pages are reused.
     code = textwrap.dedent("""
         import json, resource, torch, deepspeed, torch_xla
         x = torch.ones(12 * 2**20, device=torch_xla.device())
@@ -93,12 +91,11 @@ def test_freed_device_buffers_stay_with_the_process_on_pjrt_cpu(setting):
             y = step()
         print(json.dumps({"faults_per_step": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10}))
     """)
-    faults = last_json(run_python(code, "xla", {"DS_XLA_CPU_MALLOC": setting, "PJRT_DEVICE": "CPU"}))["faults_per_step"]
-    if setting == "keep":
-        assert faults < BUFFER_PAGES / 4, (
-            f"{faults:.0f} page faults per step for one {BUFFER_PAGES}-page buffer: freed device memory went back to the kernel")
-    else:
-        assert faults > BUFFER_PAGES / 2, f"{faults:.0f} page faults per step: the measurement did not see the buffers' pages"
+    faults = {setting: last_json(run_python(code, "xla", {"DS_XLA_CPU_MALLOC": setting, "PJRT_DEVICE": "CPU"}))
+              ["faults_per_step"] for setting in ("keep", "system")}
+    assert faults["system"] >= 20, f"{faults}: with glibc's settings the measurement saw no fresh pages per step"
+    assert faults["keep"] <= faults["system"] / 10, (
+        f"page faults per step {faults}: with DS_XLA_CPU_MALLOC=keep freed device memory still went back to the kernel")
 
 
 @pytest.mark.parametrize("environ", [{"PJRT_DEVICE": "TPU"}, {}, {"PJRT_DEVICE": "CPU", "DS_XLA_CPU_MALLOC": "system"}],
