@@ -211,6 +211,41 @@ def test_slice_scatter_matches_pytorch(accel, case, dtype):
     torch.testing.assert_close(got, expected, msg=lambda m: f"slice_scatter({kwargs}) on XLA: {m}")
 
 
+VIEW_WRITES = {
+    "slice_of_slice": lambda x: x.view(-1)[5:][0:2].fill_(-1),
+    "corner": lambda x: x[1:4, -2:].copy_(torch.full((3, 2), -1.0, device=x.device)),
+    "nested_narrow": lambda x: x.view(-1).narrow(0, 4, 6).narrow(0, 1, 2).copy_(torch.full((2,), -3.0, device=x.device)),
+    "transposed_slices": lambda x: x.t()[2:4][:, 1:3].fill_(-1),
+    "strided_then_sliced": lambda x: x[:, ::2][:, 1:2].fill_(-1),
+}
+
+
+@pytest.mark.parametrize("write", VIEW_WRITES)
+def test_writes_through_views_of_views_match_pytorch(accel, write):
+    # The base slice_scatter gets is then itself a view with an offset into another tensor.
+    expected = torch.arange(40.0).reshape(5, 8)
+    got = expected.to(XLA)
+    VIEW_WRITES[write](expected)
+    VIEW_WRITES[write](got)
+    torch.testing.assert_close(got.cpu(), expected, msg=lambda m: f"{write} on XLA: {m}")
+
+
+def test_a_bucket_partition_filled_in_two_copies_keeps_both(accel):
+    # ZeRO's gradient partitions are narrow views of a flat buffer, filled gradient by gradient.
+    expected = torch.zeros(30)
+    got = expected.to(XLA)
+    for flat in (expected, got):
+        part = flat.narrow(0, 12, 12)
+        part.narrow(0, 0, 5).copy_(torch.full((5,), -1.0).to(flat.device))
+        part.narrow(0, 5, 7).copy_(torch.full((7,), -2.0).to(flat.device))
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+def test_slice_scatter_refuses_a_source_of_the_wrong_shape(accel):
+    with pytest.raises(RuntimeError, match="expected src of shape"):
+        torch.slice_scatter(torch.zeros(10, device=XLA), torch.ones(3, device=XLA), 0, 0, 2)
+
+
 def test_copies_into_a_bucket_lower_to_a_concatenation(accel):
     # ZeRO fills its flat gradient buckets this way; torch_xla's own lowering is a select over the
     # whole bucket per copy, which XLA does not fold across copies.

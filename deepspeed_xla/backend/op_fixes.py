@@ -53,21 +53,27 @@ def _reduce_all(reduce_dim):
 
 
 def _slice_scatter(base, src, dim=0, start=None, end=None, step=1):
-    # aten's slice semantics: negative bounds count from the end, bounds clamp to [0, size].
+    # aten's slice semantics: negative bounds count from the end, bounds clamp to [0, size]. The
+    # base's parts are taken with slice_copy, not narrow: a base that is itself a view of another
+    # tensor reaches this kernel with a storage offset that views taken here would ignore.
     dim = dim % base.dim()
     size = base.shape[dim]
     start = 0 if start is None else (start + size if start < 0 else start)
     end = size if end is None else (end + size if end < 0 else end)
     start, end = min(max(start, 0), size), min(max(end, start, 0), size)
+    shape = list(base.shape)
+    shape[dim] = len(range(start, end, step))
+    if list(src.shape) != shape:
+        raise RuntimeError(f"slice_scatter: expected src of shape {shape} for the slice, got {list(src.shape)}")
     src = src.to(base.dtype)
     if step != 1:
         return base.index_copy(dim, torch.arange(start, end, step, device=base.device), src)
     if start == end:
         return base.clone()
-    parts = [base.narrow(dim, 0, start)] if start else []
+    parts = [torch.ops.aten.slice_copy.Tensor(base, dim, 0, start)] if start else []
     parts.append(src)
     if end < size:
-        parts.append(base.narrow(dim, end, size - end))
+        parts.append(torch.ops.aten.slice_copy.Tensor(base, dim, end, size))
     return torch.cat(parts, dim) if len(parts) > 1 else src.clone()
 
 
