@@ -98,8 +98,9 @@ def test_freed_device_buffers_stay_with_the_process_on_pjrt_cpu():
         f"page faults per step {faults}: with DS_XLA_CPU_MALLOC=keep freed device memory still went back to the kernel")
 
 
-@pytest.mark.parametrize("environ", [{"PJRT_DEVICE": "TPU"}, {}, {"PJRT_DEVICE": "CPU", "DS_XLA_CPU_MALLOC": "system"}],
-                         ids=["tpu", "unset", "system"])
+@pytest.mark.parametrize("environ", [{"PJRT_DEVICE": "TPU"}, {}, {"PJRT_DEVICE": "CPU", "DS_XLA_CPU_MALLOC": "system"},
+                                     {"PJRT_DEVICE": "TPU", "DS_XLA_CPU_MALLOC": ""}],
+                         ids=["tpu", "unset", "system", "tpu-empty-setting"])
 def test_glibc_is_left_alone_off_pjrt_cpu_or_when_asked(environ):
     # A TPU's device memory is its runtime's; this process's glibc settings must not change.
     assert host_memory.keep_freed_memory(environ) is False

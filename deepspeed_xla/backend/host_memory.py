@@ -28,7 +28,7 @@ def keep_freed_memory(environ=os.environ):
     """On PJRT CPU (PJRT_DEVICE=CPU) under glibc, keep freed memory in the process (module docstring).
     Returns whether glibc's settings were changed. ValueError for a DS_XLA_CPU_MALLOC other than
     "keep" or "system"."""
-    choice = environ.get(SETTING, "keep")
+    choice = environ.get(SETTING) or "keep"  # set but empty: the default
     if choice not in ("keep", "system"):
         raise ValueError(f"{SETTING}={choice!r} is not one of 'keep' (PJRT CPU's freed buffers stay with the "
                          "process) or 'system' (glibc's own malloc settings)")
