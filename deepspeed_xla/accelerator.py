@@ -20,7 +20,7 @@ from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
 from xla_host import discovery
 
-from . import backend, backward_guard, engine_hooks, param_identity, torch_device_module, xla_limits
+from . import backend, backward_guard, engine_hooks, param_identity, step_graphs, torch_device_module, xla_limits
 from .backend import op_fixes, runtime
 from .comm import BACKEND_NAME, register_backend
 from .device_index import ordinal as device_index_ordinal
@@ -32,17 +32,19 @@ from .streams import Event, Stream
 class _TensorType:
     """Stand-in for torch.cuda.FloatTensor and friends: `T([data])` or `T(*sizes)` makes
     a tensor of that dtype on this process's XLA device; isinstance checks dtype and
-    device."""
+    device. `T([data])` stays on the host inside DeepSpeed's host-value round trips that no
+    collective takes part in (step_graphs.scalars_stay_on_host)."""
 
     def __init__(self, dtype, device_fn):
         self.dtype = dtype
         self._device_fn = device_fn
 
     def __call__(self, *args):
-        device = self._device_fn()
         if len(args) == 1 and not isinstance(args[0], int):
-            return torch.as_tensor(args[0], dtype=self.dtype).to(device)
-        return torch.empty(*args, dtype=self.dtype, device=device)
+            if step_graphs.scalars_stay_on_host() and not torch.is_tensor(args[0]):
+                return torch.as_tensor(args[0], dtype=self.dtype, device="cpu")
+            return torch.as_tensor(args[0], dtype=self.dtype).to(self._device_fn())
+        return torch.empty(*args, dtype=self.dtype, device=self._device_fn())
 
     def __instancecheck__(self, obj):
         return isinstance(obj, torch.Tensor) and obj.dtype == self.dtype and obj.device.type == backend.DEVICE_TYPE

@@ -27,6 +27,12 @@ where the engine needs a value, as PyTorch/XLA's own loops mark a step before re
     check in `step`, then the clipping check in `unscale_and_clip_grads`); on XLA the verdict is
     kept on the tensor for as long as the tensor is unchanged (its version counter), so the second
     question is answered without a second graph execution and transfer.
+  - DeepSpeed puts some host values into a device tensor only to all-reduce them over a group and
+    read them back (`CheckOverflow.has_overflow`: `ByteTensor([overflow])`; `get_flattened_grad_norm`:
+    `FloatTensor([norm])`, the fp32 rounding included). Where no group takes part (no model
+    parallelism, no MoE, gradients already all-reduced), on XLA the accelerator's tensor types make
+    that tensor on the host: the same dtype, the same rounding, and no graph execution and transfer
+    for a value the host already had (bf16 without ZeRO: 5 executions per step -> 3).
 Reads outside the engine's calls (a script's own `loss.item()`) keep PyTorch/XLA's behaviour.
 `install()` wraps the two methods of DeepSpeedEngine and the two checks once DeepSpeed's
 engine module loads (engine_hooks.py); DeepSpeed's files are not touched.
@@ -110,6 +116,49 @@ def _overflow_in_one_read(has_overflow_serial):
     return wrapper
 
 
+_round_trips = threading.local()  # .depth: how many host-value round trips this thread is inside
+
+
+def scalars_stay_on_host():
+    """Whether the accelerator's tensor types (`FloatTensor([x])`, ...) make host tensors now: inside one
+    of DeepSpeed's host-value round trips that no collective takes part in, on this thread."""
+    return getattr(_round_trips, "depth", 0) > 0
+
+
+def _round_trip_on_host(exchanges):
+    """Wrap a DeepSpeed function that puts a host value into a device tensor, all-reduces it where
+    `exchanges(*args, **kwargs)` is true, and reads it back: where it is false, the tensor types
+    make that tensor on the host for the call (see scalars_stay_on_host)."""
+
+    def wrap(function):
+
+        @functools.wraps(function)
+        def wrapper(*args, **kwargs):
+            if exchanges(*args, **kwargs):
+                return function(*args, **kwargs)
+            _round_trips.depth = getattr(_round_trips, "depth", 0) + 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                _round_trips.depth -= 1
+
+        return wrapper
+
+    return wrap
+
+
+def _overflow_is_exchanged(checker, params, has_moe_params=None):
+    # CheckOverflow.has_overflow (DeepSpeed 0.19.8) all-reduces its flag exactly in these cases.
+    engine = checker.deepspeed
+    return bool((checker.has_moe_params if has_moe_params is None else has_moe_params) or checker.zero_reduce_scatter
+                or checker.mpu is not None or (engine is not None and engine.enable_backward_allreduce is False))
+
+
+def _norm_is_exchanged(parameters, norm_type=2, mpu=None, grad_norm_mask=None):
+    # get_flattened_grad_norm all-reduces its norm over the model-parallel group only.
+    return mpu is not None
+
+
 _NORM_VERDICT = "_ds_xla_invalid_norm"  # (tensor version, verdict) kept on a norm tensor
 
 
@@ -129,21 +178,24 @@ def _norm_verdict_kept(is_invalid_grad_norm):
     return wrapper
 
 
-def _keep_norm_verdicts(utils):
-    # ZeRO's modules import the function by name: rebind it wherever DeepSpeed already has.
-    original = utils.is_invalid_grad_norm
-    wrap_once(utils, "is_invalid_grad_norm", _norm_verdict_kept)
-    for name, module in list(sys.modules.items()):
-        if name.startswith("deepspeed.") and getattr(module, "is_invalid_grad_norm", None) is original:
-            module.is_invalid_grad_norm = utils.is_invalid_grad_norm
+def _wrap_function(utils, name, wrap):
+    # DeepSpeed's optimizers import these functions by name: rebind each wherever DeepSpeed already has.
+    original = getattr(utils, name)
+    wrap_once(utils, name, wrap)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("deepspeed.") and getattr(module, name, None) is original:
+            setattr(module, name, getattr(utils, name))
 
 
 def install(engine_module):
     """Cut DeepSpeedEngine's graphs before host reads in backward/step and after step, read the
-    overflow check's answer once per step, and answer a norm's validity once (idempotent)."""
+    overflow check's answer once per step, answer a norm's validity once, and keep host values that
+    no collective needs on the host (idempotent)."""
     from deepspeed.runtime import utils
     wrap_once(utils.CheckOverflow, "has_overflow_serial", _overflow_in_one_read)
-    _keep_norm_verdicts(utils)
+    wrap_once(utils.CheckOverflow, "has_overflow", _round_trip_on_host(_overflow_is_exchanged))
+    _wrap_function(utils, "is_invalid_grad_norm", _norm_verdict_kept)
+    _wrap_function(utils, "get_flattened_grad_norm", _round_trip_on_host(_norm_is_exchanged))
     op_fixes.replace_xla_kernels({"_local_scalar_dense": _read_scalar})
     engine = engine_module.DeepSpeedEngine
     for name, when in (("backward", _zero3), ("step", _always)):

@@ -11,6 +11,7 @@ import pytest
 
 from deepspeed_xla.backend import host_memory
 from deepspeed_xla.zero_buffers import bounded
+from harness.launching import free_port, single_rank_env
 from test_activation import last_json, run_python
 
 
@@ -146,6 +147,55 @@ def test_overflow_check_reads_the_device_once_and_answers_as_on_the_host():
     assert result == {"None": [False, False, 1], "0": [True, True, 1], "5": [True, True, 1], "7": [True, True, 1]}, result
 
 
+def test_host_values_no_group_needs_stay_on_the_host():
+    """DeepSpeed puts the overflow flag and the flattened gradient norm into a device tensor to
+    all-reduce them over a group and reads them back. With no group taking part, on XLA they stay on
+    the host: the same answers (the norm rounded to fp32 as before) and no transfer of their own; with a
+    model-parallel group the collective still gets a device tensor, read back once."""
+    code = textwrap.dedent("""
+        import json, torch, deepspeed, torch_xla
+        import torch_xla.debug.metrics as metrics
+        from deepspeed.runtime import utils
+        from deepspeed.runtime.fp16 import fused_optimizer
+
+        class ModelParallel:  # an mpu whose model-parallel group is the (one-rank) world
+            def get_model_parallel_group(self):
+                return None
+
+        def params(device, bad=None):
+            out = []
+            for i in range(4):
+                p = torch.nn.Parameter(torch.ones(5, device=device))
+                p.grad = torch.arange(5, dtype=torch.float32, device=device) / (i + 3)
+                if i == bad:
+                    p.grad[2] = float("inf")
+                out.append(p)
+            return out
+
+        def measured(call):
+            torch_xla.sync()
+            before = (metrics.metric_data("TransferFromDeviceTime") or [0])[0]
+            answer = call()
+            return [answer, (metrics.metric_data("TransferFromDeviceTime") or [0])[0] - before]
+
+        deepspeed.init_distributed()
+        xla = torch_xla.device()
+        print(json.dumps({
+            "overflow": [measured(lambda: utils.CheckOverflow().has_overflow(params(xla, bad))) for bad in (None, 1)],
+            "overflow_cpu": [utils.CheckOverflow().has_overflow(params("cpu", bad)) for bad in (None, 1)],
+            "norm": measured(lambda: utils.get_flattened_grad_norm(params(xla))),
+            "norm_model_parallel": measured(lambda: utils.get_flattened_grad_norm(params(xla), mpu=ModelParallel())),
+            "norm_cpu": utils.get_flattened_grad_norm(params("cpu")),
+            "optimizer_uses_it": fused_optimizer.get_flattened_grad_norm is utils.get_flattened_grad_norm,
+        }))
+    """)
+    result = last_json(run_python(code, "xla", single_rank_env()))
+    assert result["overflow"] == [[False, 1], [True, 1]] and result["overflow_cpu"] == [False, True], result
+    # get_flattened_grad_norm reads each of the 4 gradients' norms itself; the model-parallel one reads its sum back too
+    assert result["norm"] == [result["norm_cpu"], 4] and result["norm_model_parallel"] == [result["norm_cpu"], 5], result
+    assert result["optimizer_uses_it"], "FP16_Optimizer calls DeepSpeed's own get_flattened_grad_norm, not the wrapped one"
+
+
 def test_zero_norm_validity_is_read_once_per_norm_and_again_after_it_changes():
     """ZeRO-1/2's step asks `is_invalid_grad_norm` twice about the same norm tensor; on XLA the second
     answer comes without a second transfer, and a norm changed in place is asked again."""
@@ -218,7 +268,7 @@ def test_bounded(configured, numel, expected):
 
 TRAIN_ONE_STEP = textwrap.dedent("""
     import os, torch, deepspeed
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29617")
+    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -239,7 +289,7 @@ TRAIN_ONE_STEP = textwrap.dedent("""
 
 @pytest.mark.parametrize("sparse", [True, False])
 def test_sparse_embedding_is_refused_in_one_line(sparse):
-    proc = run_python(TRAIN_ONE_STEP.format(sparse=sparse, extra=""), "xla")
+    proc = run_python(TRAIN_ONE_STEP.format(sparse=sparse, extra="", port=free_port()), "xla")
     if not sparse:
         assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
         return
@@ -250,7 +300,7 @@ def test_sparse_embedding_is_refused_in_one_line(sparse):
 
 
 def test_fp16_config_is_refused_where_the_device_has_no_fp16():
-    proc = run_python(TRAIN_ONE_STEP.format(sparse=False, extra='"fp16": {"enabled": True}'), "xla")
+    proc = run_python(TRAIN_ONE_STEP.format(sparse=False, extra='"fp16": {"enabled": True}', port=free_port()), "xla")
     assert proc.returncode != 0 and "ValueError: Type fp16 is not supported on your device." in proc.stderr, (
         proc.stderr[-2000:])
 
