@@ -11,7 +11,7 @@ import pytest
 
 from deepspeed_xla.backend import host_memory
 from deepspeed_xla.zero_buffers import bounded
-from harness.launching import free_port, single_rank_env
+from harness.launching import single_rank_env
 from test_activation import last_json, run_python
 
 
@@ -59,8 +59,7 @@ def test_a_cpu_backward_first_leaves_xla_backward_working(when):
 
 def test_zero_bucket_sizes_are_bounded_by_the_model():
     code = textwrap.dedent("""
-        import json, os, torch, deepspeed
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29613")
+        import json, torch, deepspeed
         model = torch.nn.Linear(10, 5)  # 55 parameters
         engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
             "train_micro_batch_size_per_gpu": 1, "optimizer": {"type": "AdamW", "params": {"lr": 0.1}},
@@ -68,7 +67,7 @@ def test_zero_bucket_sizes_are_bounded_by_the_model():
         print(json.dumps({"reduce": engine.zero_reduce_bucket_size(), "allgather": engine.zero_allgather_bucket_size(),
                           "reduce_kept": engine.optimizer.reduce_bucket_size}))
     """)
-    result = last_json(run_python(code, "xla"))
+    result = last_json(run_python(code, "xla", single_rank_env()))
     assert result == {"reduce": 56, "allgather": 56, "reduce_kept": 56}, result
 
 
@@ -267,8 +266,7 @@ def test_bounded(configured, numel, expected):
 
 
 TRAIN_ONE_STEP = textwrap.dedent("""
-    import os, torch, deepspeed
-    os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+    import torch, deepspeed
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -289,7 +287,7 @@ TRAIN_ONE_STEP = textwrap.dedent("""
 
 @pytest.mark.parametrize("sparse", [True, False])
 def test_sparse_embedding_is_refused_in_one_line(sparse):
-    proc = run_python(TRAIN_ONE_STEP.format(sparse=sparse, extra="", port=free_port()), "xla")
+    proc = run_python(TRAIN_ONE_STEP.format(sparse=sparse, extra=""), "xla", single_rank_env())
     if not sparse:
         assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
         return
@@ -300,7 +298,7 @@ def test_sparse_embedding_is_refused_in_one_line(sparse):
 
 
 def test_fp16_config_is_refused_where_the_device_has_no_fp16():
-    proc = run_python(TRAIN_ONE_STEP.format(sparse=False, extra='"fp16": {"enabled": True}', port=free_port()), "xla")
+    proc = run_python(TRAIN_ONE_STEP.format(sparse=False, extra='"fp16": {"enabled": True}'), "xla", single_rank_env())
     assert proc.returncode != 0 and "ValueError: Type fp16 is not supported on your device." in proc.stderr, (
         proc.stderr[-2000:])
 
@@ -360,8 +358,7 @@ def test_checkpoint_saved_on_xla_consolidates_with_zero_to_fp32(tmp_path):
     """XLA tensors have no host address (data_ptr() is 0): DeepSpeed recorded every parameter as
     tied to the first, and zero_to_fp32 rebuilt all of them from it. Tied weights stay tied."""
     code = textwrap.dedent(f"""
-        import json, os, torch, deepspeed
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="29614")
+        import json, torch, deepspeed
         torch.manual_seed(0)
         class Tied(torch.nn.Module):
             def __init__(self):
@@ -384,7 +381,7 @@ def test_checkpoint_saved_on_xla_consolidates_with_zero_to_fp32(tmp_path):
         torch.save({{name: p.detach().cpu() for name, p in engine.module.named_parameters()}}, {str(tmp_path / "trained.pt")!r})
         print(json.dumps({{"saved": True}}))
     """)
-    assert last_json(run_python(code, "xla"))["saved"]
+    assert last_json(run_python(code, "xla", single_rank_env()))["saved"]
     check = textwrap.dedent(f"""
         import json, torch
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
