@@ -4,6 +4,7 @@ backward pass before training does not break XLA's autograd, ZeRO's bucket sizes
 within the model, the overflow check reads the device once, and PJRT CPU's freed buffers stay with
 the process."""
 
+import json
 import re
 import textwrap
 
@@ -11,7 +12,8 @@ import pytest
 
 from deepspeed_xla.backend import host_memory
 from deepspeed_xla.zero_buffers import bounded
-from harness.launching import single_rank_env
+from harness.candidates import parse_spec
+from harness.launching import launch, single_rank_env
 from test_activation import last_json, run_python
 
 
@@ -393,3 +395,73 @@ def test_checkpoint_saved_on_xla_consolidates_with_zero_to_fp32(tmp_path):
     result = last_json(run_python(check, "cpu"))
     assert result["names"] == ["embed.weight", "head.weight", "mix.bias", "mix.weight"], result
     assert all(result["equal"].values()) and result["tied"], result
+
+
+ONE_STEP_MATMULS = textwrap.dedent("""
+    # Rank r's executed graphs go to $MATMULS_OUT.r.hlo* (torch_xla reads the setting at its first graph).
+    import json, os
+    out = os.environ["MATMULS_OUT"] + "." + os.environ["RANK"]
+    os.environ.update(XLA_SAVE_TENSORS_FILE=out + ".hlo", XLA_SAVE_TENSORS_FMT="hlo")
+    import glob, re, torch, deepspeed, torch_xla
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()) for _ in range(3)])
+
+    def matmuls_of(step):
+        # the dot ops of the graphs `step` executes, from the dump it appends to
+        dump = glob.glob(out + ".hlo*")
+        start = os.path.getsize(dump[0]) if dump else 0
+        step()
+        with open(glob.glob(out + ".hlo*")[0]) as f:
+            f.seek(start)
+            return len(re.findall(r" dot\\(", f.read()))
+
+    deepspeed.init_distributed()
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(int(os.environ["RANK"])))
+    net = model()
+    # Buckets of one layer each: the backward pass reduces three of them, then the step reads the norm.
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config={
+        "train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": 2, "reduce_bucket_size": 1100}})
+
+    def deepspeed_step():
+        loss = engine(x.to(engine.device)).square().mean()
+        engine.backward(loss)
+        engine.step()
+        loss.item()
+
+    hand = model().to(engine.device)
+    optimizer = torch.optim.AdamW(hand.parameters(), lr=0.01)
+
+    def hand_step():
+        loss = hand(x.to(engine.device)).square().mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        torch_xla.sync()
+        loss.item()
+
+    for _ in range(2):
+        deepspeed_step()
+        hand_step()
+    with open(out + ".json", "w") as f:
+        json.dump({"deepspeed": matmuls_of(deepspeed_step), "hand": matmuls_of(hand_step)}, f)
+""")
+
+
+@pytest.mark.slow
+def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_path):
+    """The host bridge reads each gradient bucket's reduction on the host. Reading only the bucket
+    left the forward and backward passes pending, and every later read (the next bucket, the norm,
+    the loss) ran them again: the step's graphs held the model's matmuls once per read."""
+    script = tmp_path / "one_step.py"
+    script.write_text(ONE_STEP_MATMULS)
+    run = launch([script], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env={"MATMULS_OUT": str(tmp_path / "matmuls")},
+                 timeout=300)
+    assert run.returncode == 0 and not run.timed_out, run.log[-3000:]
+    for rank in range(2):
+        counts = json.loads((tmp_path / f"matmuls.{rank}.json").read_text())
+        assert counts["deepspeed"] == counts["hand"], (
+            f"rank {rank}: one ZeRO-2 step executed {counts['deepspeed']} matmuls, a hand-written step "
+            f"{counts['hand']}: part of the forward and backward passes ran more than once")

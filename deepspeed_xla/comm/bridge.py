@@ -11,6 +11,8 @@ Semantics kept exactly as torch.distributed specifies them:
   write goes through the view into its base) and outputs that alias the input (ZeRO-3
   gathers into a flat buffer whose shard is the input): every operand is read to the
   host before any result is written;
+* inside DeepSpeed's backward pass, the pending graph is cut before the operands are read, so
+  what the rest of the step needs is computed once with them (step_graphs.py);
 * every call completes before it returns; the work handle it gives back is already
   done, which satisfies both sync and `async_op=True` callers (wait(), is_completed(),
   get_future());
@@ -32,6 +34,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
 
+from .. import step_graphs
 from ..backend import runtime
 from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments
 from .process_group import XlaProcessGroupBase, completed_work
@@ -44,6 +47,7 @@ def _host(tensor, read_only=False):
     itself (runtime.to_host), which must be dropped before the call returns."""
     if tensor.device.type == "cpu":
         return tensor if tensor.is_contiguous() else tensor.contiguous()
+    step_graphs.cut_before_collective_read()
     with torch.no_grad():
         return runtime.to_host(tensor, read_only=read_only)
 
