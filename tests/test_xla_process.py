@@ -1,8 +1,8 @@
 """What a DS_ACCELERATOR=xla process gets beyond the accelerator's methods, each in a fresh
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
-within the model, the overflow check reads the device once, and PJRT CPU's freed buffers stay with
-the process."""
+within the model, the overflow check reads the device once, PJRT CPU's freed buffers stay with
+the process, and a two-rank ZeRO-2 step runs its forward and backward passes once."""
 
 import json
 import re
