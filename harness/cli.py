@@ -143,17 +143,22 @@ def _run_child(command, env):
     pools) can be stopped with it; a Ctrl-C or SIGTERM here is forwarded to it as SIGINT, so
     pytest ends the check in progress and streams what it has.
     """
-    child = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True)
+    child = None
     try:
+        with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
+            child = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True)
         return child.wait(), False
     except KeyboardInterrupt:
+        if child is None:
+            raise
         try:
             return process_group.stop(child, first=signal.SIGINT, wait_s=60), True
         except KeyboardInterrupt:  # asked twice: stop now
             child.kill()
             return child.wait(), True
     finally:
-        process_group.reap(child)
+        if child is not None:
+            process_group.reap(child)
 
 
 def _run_isolating_crashes(command, targets, pytest_args, env, parts):

@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import process_group
 from .candidate_env import accelerator_env
 
 DEEPSPEED_RUNNER = ("-m", "deepspeed.launcher.runner")
@@ -101,19 +102,22 @@ def run_in_session(cmd, env, workdir, log_path, timeout, port=None):
     the shared-memory buffers of the job on `port`."""
     start = time.monotonic()
     with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = None
         timed_out = False
         try:
+            with process_group.interrupts_held():  # a Ctrl-C while it starts would orphan the launcher
+                proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True)
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            proc.wait()
+            if proc is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+                proc.wait()
             if port is not None:
                 release_shm_buffers(port)
     return Launch(proc.returncode, Path(log_path).read_text(), time.monotonic() - start, timed_out, port)

@@ -1,9 +1,11 @@
 """Stopping a child and everything it started: the harness starts each child in a session of its
 own, so its ranks, launchers and multiprocessing pools share the child's process group."""
 
+import contextlib
 import os
 import signal
 import subprocess
+import threading
 
 
 def stop(process, first=signal.SIGTERM, wait_s=10):
@@ -20,6 +22,30 @@ def stop(process, first=signal.SIGTERM, wait_s=10):
             continue
     _signal_group(process.pid, signal.SIGKILL)
     return process.returncode
+
+
+@contextlib.contextmanager
+def interrupts_held(signals=(signal.SIGINT, signal.SIGTERM)):
+    """Hold each of `signals` whose handler is Python's (Ctrl-C's KeyboardInterrupt, the harness's
+    SIGTERM) until the block ends, then run the handler of the first that arrived. Starting a child
+    inside the block (`proc = Popen(...)`) can then not be interrupted between the fork and `proc`
+    being set, where the caller could no longer stop what it started. Outside the main thread,
+    where handlers cannot be changed, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived = []
+    previous = {sig: signal.getsignal(sig) for sig in signals}
+    held = [sig for sig, handler in previous.items() if callable(handler)]
+    for sig in held:
+        signal.signal(sig, lambda signum, frame: arrived.append(signum))
+    try:
+        yield
+    finally:
+        for sig in held:
+            signal.signal(sig, previous[sig])
+    if arrived:
+        previous[arrived[0]](arrived[0], None)
 
 
 def reap(process):

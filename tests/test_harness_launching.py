@@ -1,9 +1,12 @@
 """The harness's process launching leaves nothing behind: no rank, no shared-memory buffer."""
 
 import os
-
+import signal
 import time
 
+import pytest
+
+from harness import process_group
 from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers
 from harness.paths import FIXTURES
 
@@ -49,3 +52,26 @@ def test_a_cpu_accelerator_job_leaves_no_shm_buffer(tmp_path):
     assert run.returncode == 0, run.log[-3000:]
     left = sorted(path.name for path in SHM_DIR.glob(f"deepspeed_allreduce_buffer_*_{run.port}_*"))
     assert not left, f"the job on port {run.port} left {left} in {SHM_DIR}"
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_interrupt_while_a_child_starts_arrives_once_the_caller_holds_it(sig):
+    """A Ctrl-C (or the harness's SIGTERM) between a launcher's fork and its caller holding the Popen
+    would leave the launcher and its ranks running: inside interrupts_held() the signal waits for the
+    block's end, where the caller's cleanup can stop what it started."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, stop) if sig == signal.SIGTERM else None
+    reached = []
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with process_group.interrupts_held():
+                os.kill(os.getpid(), sig)
+                time.sleep(0.2)  # Python runs signal handlers between bytecodes: long since due here
+                reached.append("the rest of the block")
+        assert reached == ["the rest of the block"]
+        assert signal.getsignal(sig) in (stop, signal.default_int_handler)
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
