@@ -36,6 +36,12 @@ class SpecError(ValueError):
     """A malformed --candidate value (bad usage)."""
 
 
+# What a candidate's import or construction may raise and we report as its failure: any error, even
+# sys.exit. Not KeyboardInterrupt: a Ctrl-C or SIGTERM that lands while a slow candidate imports is the
+# user's, and must stop the run, not turn into a failed candidate whose checks then run on.
+_CANDIDATE_FAULTS = (Exception, SystemExit)
+
+
 class CandidateError(RuntimeError):
     """The candidate could not be imported, built or installed (a failed run)."""
 
@@ -111,7 +117,7 @@ def _build(spec):
         module = _import_target(spec)
     except CandidateError:
         raise
-    except BaseException as err:  # a candidate may even call sys.exit on import
+    except _CANDIDATE_FAULTS as err:
         raise CandidateError(f"cannot import candidate {spec.text}: {type(err).__name__}: {err}") from None
     cls = getattr(module, spec.attr, None)
     if cls is None:
@@ -121,7 +127,7 @@ def _build(spec):
         raise CandidateError(f"candidate {spec.text}: {spec.attr} is not a DeepSpeedAccelerator subclass")
     try:
         return cls()
-    except BaseException as err:
+    except _CANDIDATE_FAULTS as err:
         raise CandidateError(f"candidate {spec.text}: constructing {spec.attr}() failed: "
                              f"{type(err).__name__}: {err}") from None
 
@@ -134,7 +140,7 @@ def _resolve_by_name(spec):
     try:
         from deepspeed.accelerator import get_accelerator
         accelerator = get_accelerator()
-    except BaseException as err:
+    except _CANDIDATE_FAULTS as err:
         raise CandidateError(f"candidate {spec.text}: DeepSpeed did not accept DS_ACCELERATOR={name}: "
                              f"{type(err).__name__}: {err}") from None
     finally:
@@ -201,7 +207,7 @@ def install(spec):
     sys.meta_path.insert(0, hook)
     try:
         import deepspeed.accelerator
-    except BaseException as err:
+    except _CANDIDATE_FAULTS as err:
         raise CandidateError(f"importing DeepSpeed with candidate {spec.text} failed: "
                              f"{installer.error or f'{type(err).__name__}: {err}'}") from None
     finally:

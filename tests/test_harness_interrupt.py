@@ -12,15 +12,16 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+RANK_SCRIPT = str(REPO / "fixtures" / "collectives.py")
 
 
-def start_harness(tmp_path, suite):
-    """(process, run directory) of `python -m harness run --suite SUITE` in a session of its own,
+def start_harness(tmp_path, suite, *args, env=None):
+    """(process, run directory) of `python -m harness run --suite SUITE ARGS` in a session of its own,
     which stands in for a terminal's foreground process group or a CI job."""
     out = tmp_path / "run"
-    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
+    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports"), **(env or {})}
     proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", suite,
-                             "--out", str(out)], cwd=REPO, env=env, start_new_session=True,
+                             "--out", str(out), *args], cwd=REPO, env=env, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, out
 
@@ -59,7 +60,7 @@ def test_sigterm_stops_every_rank_and_writes_incomplete_report(tmp_path):
     deadline = time.monotonic() + 300
     ranks = []
     while time.monotonic() < deadline and not ranks:
-        ranks = [p for p in processes_of_run(out) if "collectives.py" in " ".join(p.cmdline())]
+        ranks = [p for p in processes_of_run(out) if RANK_SCRIPT in p.cmdline()]
         time.sleep(0.5)
     assert ranks, "no rank of the collectives fixture started"
     proc.send_signal(signal.SIGTERM)
@@ -67,6 +68,30 @@ def test_sigterm_stops_every_rank_and_writes_incomplete_report(tmp_path):
     assert proc.returncode == 1, output
     report = json.loads((out / "report.json").read_text())
     assert report["complete"] is False and "INCOMPLETE run" in output
+    time.sleep(2)
+    left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if p.is_running()]
+    assert left == [], f"processes outlived the run: {left}"
+
+
+def test_sigterm_while_the_candidate_imports_stops_the_run_before_any_check(tmp_path):
+    """A cancelled CI job while the check process is still importing a slow candidate: the
+    interrupt must end the run there, not read as a candidate that failed to import, after which
+    the checks would start DeepSpeed's launcher until the harness killed the check process and
+    orphaned the launcher's session."""
+    started = tmp_path / "import-started"
+    proc, out = start_harness(tmp_path, "collectives", "--candidate",
+                              f"{REPO}/tests/candidates/slow_import.py:SlowImport",
+                              env={"SLOW_IMPORT_STARTED": str(started)})
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and not started.exists():
+        time.sleep(0.2)
+    assert started.exists(), "the check process never began importing the candidate"
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] is False and "INCOMPLETE run" in output
+    assert report["results"] == [], "the interrupt was taken for the candidate's failure, and checks ran on"
     time.sleep(2)
     left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if p.is_running()]
     assert left == [], f"processes outlived the run: {left}"
