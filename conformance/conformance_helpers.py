@@ -55,11 +55,13 @@ def materialise():
     sync()
 
 
-def run_fresh(candidate, code, timeout=300):
-    """Run `code` in a fresh Python process with `candidate` installed first; returns the JSON
-    object the code prints on its last line. The candidate is `accel` inside `code`."""
+def run_fresh(candidate, code, timeout=300, env=None):
+    """Run `code` in a fresh Python process with `candidate` installed first (`env` added to its
+    environment); returns the JSON object the code prints on its last line. The candidate is `accel`
+    inside `code`."""
     prelude = "from harness.candidate_env import install_current\naccel = install_current()\n"
-    proc = subprocess.run([sys.executable, "-c", prelude + code], env=candidate_env.child_env(candidate, os.environ),
+    proc = subprocess.run([sys.executable, "-c", prelude + code],
+                          env=candidate_env.child_env(candidate, {**os.environ, **(env or {})}),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         tail = "\n".join(proc.stderr.strip().splitlines()[-15:])

@@ -13,20 +13,28 @@ loss read back) sets the bound; DeepSpeed's own step reads some values on the ho
 overflow and gradient-norm checks), each one an execution and a transfer at most: the `allowance`
 of each case of the `graph` table of fixtures/training_cases.toml, with where they come from. An
 accelerator that adds a sync or a host round trip per step fails with the counts.
+
+Fewer executions are not enough: XLA runs, at each execution, everything the values it reads
+need, and keeps nothing else. An accelerator that lets DeepSpeed's host reads compute only what
+they read leaves the rest of the step pending, and the next read computes the forward and
+backward passes again. So each step's executed graphs (their HLO, which torch_xla dumps in a
+fresh process) must hold as many matmuls as the hand loop's: the model computed once per step.
 """
 
 import argparse
 import functools
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 import torch
-from conformance_helpers import import_fixture_script, training_case_params
-from xla_probe import graph_counters, sync
+from conformance_helpers import import_fixture_script, run_fresh, training_case_params
+from xla_probe import graph_counters, graph_dump_env, graph_dump_size, matmuls_in_graph_dump, sync
 
 from harness.launching import single_rank_env
 from harness.paths import FIXTURES
+from harness.training_cases import training_cases
 
 pytestmark = pytest.mark.area("graph")
 
@@ -39,26 +47,18 @@ class Allowance:
     why: str
 
 
-@pytest.fixture(scope="module")
-def one_rank_group():
-    """A one-rank process group for the engines these checks build, taken down afterwards (other
-    checks in this process expect none)."""
-    import deepspeed
-    saved = dict(os.environ)
-    os.environ.update(single_rank_env())
-    deepspeed.init_distributed()
-    yield
-    deepspeed.comm.destroy_process_group()
-    os.environ.clear()
-    os.environ.update(saved)
+_DUMP_ENV = "DS_XLA_GRAPH_DUMP"  # where the measuring process's torch_xla dumps its graphs
 
 
 def _per_step(step, batches):
-    """Run `step(x, y)` on each batch; the cumulative graph counters after each step."""
+    """Run `step(x, y)` on each batch; after each step, the cumulative graph counters and `matmuls`:
+    the HLO dot operations of the graphs that step executed (from torch_xla's graph dump)."""
+    dump = os.environ[_DUMP_ENV]
     counters = []
     for x, y in batches:
+        start = graph_dump_size(dump)
         step(x, y)
-        counters.append(graph_counters())
+        counters.append({**graph_counters(), "matmuls": matmuls_in_graph_dump(dump, start, graph_dump_size(dump))})
     return counters
 
 
@@ -111,9 +111,43 @@ def _hand_loop_steps(script_name, steps, dtype, micro_batch):
     return _per_step(step, script.batches(0, steps, micro_batch, 1))
 
 
+def measure_in_this_process(case_ids):
+    """For each graph case in `case_ids`: the per-step counters of DeepSpeed's step and of the hand
+    loop, in a one-rank process group. Run in the fresh process of the `measured` fixture."""
+    import deepspeed
+    deepspeed.init_distributed()
+    results = {}
+    for case in training_cases("graph"):
+        if case.id in case_ids:
+            counters, dtype, micro_batch = _deepspeed_steps(case)
+            results[case.id] = {"deepspeed": counters,
+                                "hand": _hand_loop_steps(case.script, case.steps, dtype, micro_batch)}
+    return results
+
+
+_MEASURE = """
+import json, sys
+sys.path.insert(0, {here!r})
+import test_graph_steps
+print(json.dumps(test_graph_steps.measure_in_this_process({case_ids!r})))
+"""
+
+
+@pytest.fixture(scope="module")
+def measured(request, candidate, tmp_path_factory):
+    """{case id: {"deepspeed": counters, "hand": counters}} (per step, _per_step's) for the graph cases
+    this run selected, measured in one fresh process with the candidate: torch_xla dumps the graphs
+    it executes only when told so at its start."""
+    case_ids = sorted({item.callspec.params["case"].id for item in request.session.items
+                       if item.module is request.module})
+    dump = tmp_path_factory.mktemp("graph-dump") / "graphs.hlo"
+    return run_fresh(candidate, _MEASURE.format(here=str(Path(__file__).parent), case_ids=case_ids), timeout=1200,
+                     env={**single_rank_env(), **graph_dump_env(dump), _DUMP_ENV: str(dump)})
+
+
 @pytest.mark.parametrize("case", training_case_params("graph"))
-def test_training_step_stops_compiling_after_warmup(case, one_rank_group, evidence):
-    counters, _, _ = _deepspeed_steps(case)
+def test_training_step_stops_compiling_after_warmup(case, measured, evidence):
+    counters = measured[case.id]["deepspeed"]
     warmup = case.area_fields["warmup_steps"]
     per_step = [c["compilations"] for c in counters]
     added = per_step[-1] - per_step[warmup - 1]
@@ -125,9 +159,8 @@ def test_training_step_stops_compiling_after_warmup(case, one_rank_group, eviden
 
 
 @pytest.mark.parametrize("case", training_case_params("graph"))
-def test_training_step_runs_as_few_graphs_as_a_hand_loop(case, one_rank_group, evidence):
-    counters, dtype, micro_batch = _deepspeed_steps(case)
-    hand = _hand_loop_steps(case.script, case.steps, dtype, micro_batch)
+def test_training_step_runs_as_few_graphs_as_a_hand_loop(case, measured, evidence):
+    counters, hand = measured[case.id]["deepspeed"], measured[case.id]["hand"]
     allowance = Allowance(**case.area_fields["allowance"])
     measured = {key: (_measured_delta(counters, key, case), _measured_delta(hand, key, case))
                 for key in ("executions", "transfers")}
@@ -139,3 +172,16 @@ def test_training_step_runs_as_few_graphs_as_a_hand_loop(case, one_rank_group, e
             for key, (ds, own) in measured.items() if ds > own + bounds[key]]
     assert not over, (f"{case.id}: {'; '.join(over)} (allowed beyond the hand loop: {allowance.why}): "
                       f"something in the step syncs or reads a device value on the host that DeepSpeed does not ask for")
+
+
+@pytest.mark.parametrize("case", training_case_params("graph"))
+def test_training_step_computes_its_model_once(case, measured, evidence):
+    counters, hand = measured[case.id]["deepspeed"], measured[case.id]["hand"]
+    warmup = case.area_fields["warmup_steps"]
+    deepspeed_matmuls = [c["matmuls"] for c in counters[warmup:]]
+    hand_matmuls = [c["matmuls"] for c in hand[warmup:]]
+    evidence.update(config=case.id, matmuls_per_step={"deepspeed": deepspeed_matmuls, "hand_loop": hand_matmuls})
+    assert deepspeed_matmuls == hand_matmuls, (
+        f"{case.id}: the graphs of each step after warm-up executed {deepspeed_matmuls} matmuls, the hand loop's "
+        f"{hand_matmuls}: part of the forward and backward passes ran more than once (a host read computed only "
+        "the value it read and left the rest of the step pending)")

@@ -6,6 +6,9 @@ Probes observe; they never change what a candidate does (a sync runs pending wor
 device-to-host copy would).
 """
 
+import glob
+import os
+
 import torch_xla
 import torch_xla.debug.metrics as metrics
 
@@ -50,3 +53,25 @@ def graph_counters():
     """Cumulative counts in this process: XLA graphs compiled, graph executions, device-to-host transfers."""
     return {"compilations": _metric_count("CompileTime"), "executions": _metric_count("ExecuteTime"),
             "transfers": _metric_count("TransferFromDeviceTime")}
+
+
+def graph_dump_env(path):
+    """Environment for a fresh process whose torch_xla appends the HLO of every graph it executes to
+    `path` (with the device ordinal as suffix); torch_xla reads it once, before its first graph."""
+    return {"XLA_SAVE_TENSORS_FILE": str(path), "XLA_SAVE_TENSORS_FMT": "hlo"}
+
+
+def graph_dump_size(path):
+    """Bytes written so far to the dump that graph_dump_env(path) asked for (0 before the first graph)."""
+    dumps = glob.glob(f"{path}*")
+    return os.path.getsize(dumps[0]) if dumps else 0
+
+
+def matmuls_in_graph_dump(path, start, end):
+    """HLO dot operations in the graphs dumped between byte offsets `start` and `end` of that dump."""
+    dumps = glob.glob(f"{path}*")
+    if not dumps:
+        return 0
+    with open(dumps[0], "rb") as f:
+        f.seek(start)
+        return f.read(end - start).decode(errors="replace").count(" dot(")

@@ -27,7 +27,7 @@ SMOKE = {
     "zero": ("*[zero2-fp32-1rank]", "*[zero3-bf16-1rank]"),
     "pipeline": ("*[2stages-2ranks]", ),
     "checkpoint": ("*[candidate-to-cpu-zero2]", ),
-    "graph": ("*", ),  # one small model per config, in process
+    "graph": ("*", ),  # one small model per config, all in one fresh process
     "scripts": ("*[parameter-list-zero2-1rank]", "*[client-optimizer-zero1-1rank]"),
 }
 SELECTIONS = {"smoke": SMOKE}  # selective suite -> {area: test id patterns}
