@@ -40,6 +40,15 @@ from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments
 from .process_group import XlaProcessGroupBase, completed_work
 
 
+def _cut_before_reading(operands):
+    """Called once by each collective before it reads its operands with _host: when any is an
+    XLA tensor, step_graphs cuts the pending graph if the engine's backward pass is reading (once
+    per collective: every further cut would be an empty sync, which still scans the live tensors
+    and advances the RNG seed)."""
+    if any(tensor.device.type != "cpu" for tensor in operands):
+        step_graphs.cut_before_collective_read()
+
+
 def _host(tensor, read_only=False):
     """A contiguous host tensor with the value of `tensor`. CPU tensors that are already
     contiguous are used as they are, so gloo works on them in place. An XLA tensor's is a
@@ -47,7 +56,6 @@ def _host(tensor, read_only=False):
     itself (runtime.to_host), which must be dropped before the call returns."""
     if tensor.device.type == "cpu":
         return tensor if tensor.is_contiguous() else tensor.contiguous()
-    step_graphs.cut_before_collective_read()
     with torch.no_grad():
         return runtime.to_host(tensor, read_only=read_only)
 
@@ -203,6 +211,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         if self._alone:
             self._gloo_op(opts.reduceOp, "all_reduce")  # refuses what it would refuse in a larger group
             return completed_work(tensors)
+        _cut_before_reading(tensors)
         hosts = [_host(t) for t in tensors]
         self._allreduce_host(hosts, opts.reduceOp, "all_reduce")
         for tensor, host in zip(tensors, hosts):
@@ -215,6 +224,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         if self._alone:
             self._gloo_op(opts.reduceOp, "all_reduce_coalesced")
             return completed_work(tensors)
+        _cut_before_reading(tensors)
         hosts = [_host(t) for t in tensors]
         flat = torch.cat([h.reshape(-1) for h in hosts]) if hosts else torch.empty(0, device="cpu")
         self._allreduce_host([flat], opts.reduceOp, "all_reduce_coalesced")
@@ -231,6 +241,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         if self._alone:
             self._gloo_op(opts.reduceOp, "reduce")
             return completed_work(tensors)
+        _cut_before_reading(tensors)
         hosts = [_host(t).clone() if t.device.type == "cpu" else _host(t) for t in tensors]
         self._allreduce_host(hosts, opts.reduceOp, f"reduce(root={self._global_rank(opts.rootRank)})")
         if self.rank() == opts.rootRank:
@@ -245,6 +256,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
                 _write_back(output, torch.cat([t.reshape(-1) for t in inputs]).view(output.shape))
             return
         # All operands are read before any output is written (outputs may alias inputs).
+        _cut_before_reading([t for inputs in inputs_per_output for t in inputs])
         flats = [_host(inputs[0]).reshape(-1) if len(inputs) == 1 and inputs[0].device.type != "cpu"
                  else torch.cat([_host(t, read_only=True).reshape(-1) for t in inputs]) for inputs in inputs_per_output]
         for output, flat in zip(outputs, flats):
@@ -277,6 +289,8 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             return completed_work(tensors)
         root = self.rank() == opts.rootRank
         # The root's buffers are only sent (gloo writes a root's other tensors when given several).
+        if root:
+            _cut_before_reading(tensors)
         hosts = [_host(t, read_only=len(tensors) == 1) if root else _host_empty(t) for t in tensors]
         self._run(f"broadcast(src={self._global_rank(opts.rootRank)})", lambda: self._gloo.broadcast(hosts, opts))
         if not root:
@@ -285,7 +299,8 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         return completed_work(tensors)
 
     def _gather_hosts(self, input, name):
-        """Every rank's value of `input`, in rank order, as one flat host tensor (an all-gather)."""
+        """Every rank's value of `input`, in rank order, as one flat host tensor (an all-gather). The
+        caller has cut before reading (_cut_before_reading)."""
         host_input = _host(input, read_only=True)
         flat = _host_empty(host_input, self.size() * host_input.numel())
         self._run(name, lambda: self._gloo._allgather_base(flat, host_input))
@@ -297,6 +312,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             for outputs, input in zip(output_tensors_list, input_tensors):
                 _write_back(outputs[0], input, owned=False)
             return completed_work([t for outputs in output_tensors_list for t in outputs])
+        _cut_before_reading(input_tensors)
         gathered = [self._gather_hosts(input, "all_gather") for input in input_tensors]
         for outputs, flat in zip(output_tensors_list, gathered):
             for output, host in zip(outputs, flat.chunk(self.size())):
@@ -310,6 +326,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             for output, input in zip(outputs, inputs):
                 _write_back(output, input.reshape(output.shape), owned=False)
             return
+        _cut_before_reading(inputs)
         gathered = [self._gather_hosts(input, name) for input in inputs]
         for output, flat in zip(outputs, gathered):
             _write_back(output, flat.view(output.shape))
@@ -328,6 +345,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         name = f"gather(dst={self._global_rank(opts.rootRank)})"
         if self.rank() == opts.rootRank:
             arguments.per_rank_lists(self._where(name), output_tensors_list, input_tensors, self.size())
+        _cut_before_reading(input_tensors[:1])
         flat = self._gather_hosts(input_tensors[0], name)
         if self.rank() == opts.rootRank:
             for output, host in zip(output_tensors_list[0], flat.chunk(self.size())):
@@ -339,6 +357,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             where = self._where(f"scatter(src={self._global_rank(opts.rootRank)})")
             arguments.one_per_rank_like(where, input_tensors_list[0], output_tensors[0], self.size(), "input list")
         host_output = _host_empty(output_tensors[0])
+        _cut_before_reading(input_tensors_list[0] if input_tensors_list else [])
         host_inputs = [[_host(t, read_only=True) for t in input_tensors_list[0]]] if input_tensors_list else []
         self._run(f"scatter(src={self._global_rank(opts.rootRank)})",
                   lambda: self._gloo.scatter([host_output], host_inputs, opts))
@@ -353,6 +372,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             _write_back(output, input.reshape(output.shape), owned=False)
             return completed_work([output])
         host_output = _host_empty(output)
+        _cut_before_reading([input])
         host_input = _host(input, read_only=True)
         self._run("all_to_all_single", lambda: self._gloo.alltoall_base(host_output, host_input, output_split_sizes,
                                                                         input_split_sizes, opts))
@@ -366,6 +386,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             arguments.flat_sizes(self._where("all_to_all"), output_tensors[0], input_tensors[0], 1, "output", "input")
             _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape), owned=False)
             return completed_work(output_tensors)
+        _cut_before_reading(input_tensors)
         host_input = torch.cat([_host(t, read_only=True).reshape(-1) for t in input_tensors])
         host_output = _host_empty(output_tensors[0], sum(t.numel() for t in output_tensors))
         out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
@@ -380,6 +401,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         # is taken now, the transfer completes when the caller waits.
         arguments.peer(self._where(f"send(dst=group rank {dst})"), dst, self.rank(), self.size())
         op = f"send(dst={self._global_rank(dst)})"
+        _cut_before_reading(tensors)
         hosts = [_host(t) for t in tensors]
         self._enter(op)
         return _PendingWork(self, op, self._gloo.send(hosts, dst, tag), tensors)
