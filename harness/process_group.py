@@ -29,8 +29,9 @@ def interrupts_held(signals=(signal.SIGINT, signal.SIGTERM)):
     """Hold each of `signals` whose handler is Python's (Ctrl-C's KeyboardInterrupt, the harness's
     SIGTERM) until the block ends, then run the handler of the first that arrived. Starting a child
     inside the block (`proc = Popen(...)`) can then not be interrupted between the fork and `proc`
-    being set, where the caller could no longer stop what it started. Outside the main thread,
-    where handlers cannot be changed, the block runs as it is."""
+    being set, where the caller could no longer stop what it started. When the block raises, a held
+    interrupt still runs, and its exception (KeyboardInterrupt) replaces the block's. Outside the main
+    thread, where handlers cannot be changed, the block runs as it is."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -44,8 +45,8 @@ def interrupts_held(signals=(signal.SIGINT, signal.SIGTERM)):
     finally:
         for sig in held:
             signal.signal(sig, previous[sig])
-    if arrived:
-        previous[arrived[0]](arrived[0], None)
+        if arrived:
+            previous[arrived[0]](arrived[0], None)
 
 
 def reap(process):

@@ -75,3 +75,13 @@ def test_an_interrupt_while_a_child_starts_arrives_once_the_caller_holds_it(sig)
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_interrupt_held_while_a_child_fails_to_start_still_arrives():
+    """Popen may raise (no such program, no memory): an interrupt held meanwhile is not dropped."""
+    with pytest.raises(KeyboardInterrupt) as raised:
+        with process_group.interrupts_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            raise FileNotFoundError("no such program")
+    assert isinstance(raised.value.__context__, FileNotFoundError)
