@@ -54,6 +54,20 @@ def processes_of_run(out):
     return found
 
 
+def stopped_by_sigterm(proc, out):
+    """SIGTERM the harness alone (a cancelled CI job) and assert that it fails with a report marked
+    incomplete and that nothing started for the run outlives it; the report."""
+    proc.send_signal(signal.SIGTERM)
+    output, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 1, output
+    report = json.loads((out / "report.json").read_text())
+    assert report["complete"] is False and "INCOMPLETE run" in output
+    time.sleep(2)
+    left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if p.is_running()]
+    assert left == [], f"processes outlived the run: {left}"
+    return report
+
+
 def test_sigterm_stops_every_rank_and_writes_incomplete_report(tmp_path):
     """A cancelled CI job: SIGTERM to the harness alone, while DeepSpeed's launcher runs ranks."""
     proc, out = start_harness(tmp_path, "collectives")
@@ -63,14 +77,7 @@ def test_sigterm_stops_every_rank_and_writes_incomplete_report(tmp_path):
         ranks = [p for p in processes_of_run(out) if RANK_SCRIPT in p.cmdline()]
         time.sleep(0.5)
     assert ranks, "no rank of the collectives fixture started"
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 1, output
-    report = json.loads((out / "report.json").read_text())
-    assert report["complete"] is False and "INCOMPLETE run" in output
-    time.sleep(2)
-    left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if p.is_running()]
-    assert left == [], f"processes outlived the run: {left}"
+    stopped_by_sigterm(proc, out)
 
 
 def test_sigterm_while_the_candidate_imports_stops_the_run_before_any_check(tmp_path):
@@ -86,12 +93,5 @@ def test_sigterm_while_the_candidate_imports_stops_the_run_before_any_check(tmp_
     while time.monotonic() < deadline and not started.exists():
         time.sleep(0.2)
     assert started.exists(), "the check process never began importing the candidate"
-    proc.send_signal(signal.SIGTERM)
-    output, _ = proc.communicate(timeout=300)
-    assert proc.returncode == 1, output
-    report = json.loads((out / "report.json").read_text())
-    assert report["complete"] is False and "INCOMPLETE run" in output
+    report = stopped_by_sigterm(proc, out)
     assert report["results"] == [], "the interrupt was taken for the candidate's failure, and checks ran on"
-    time.sleep(2)
-    left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if p.is_running()]
-    assert left == [], f"processes outlived the run: {left}"
