@@ -1,11 +1,12 @@
 """What deepspeed_xla adapts on DeepSpeed's engine class, applied once its module loads.
 
-One post-import hook per module: ZeRO buffers sized and laid out for XLA (zero_buffers.py), a graph
+One post-import hook per module: ZeRO buffers sized and laid out for XLA (zero_buffers.py), ZeRO-1/2's
+parameters kept as the views made with their flat buffer (zero_param_views.py), a graph
 cut at the end of backward and step (step_graphs.py), and tied parameters told by identity
 where data_ptr() tells nothing (checkpointing.py). DeepSpeed's files are not touched.
 """
 
-from . import checkpointing, step_graphs, zero_buffers
+from . import checkpointing, step_graphs, zero_buffers, zero_param_views
 from xla_host.import_hooks import PostImportHook
 from xla_host.import_hooks import arm as arm_hook
 
@@ -14,6 +15,7 @@ ENGINE_MODULE = "deepspeed.runtime.engine"
 
 def _install(engine_module):
     zero_buffers.install(engine_module)
+    zero_param_views.install(engine_module)
     step_graphs.install(engine_module)
     checkpointing.install_shared_params(engine_module)
 
