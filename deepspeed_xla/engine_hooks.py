@@ -3,10 +3,11 @@
 One post-import hook per module: ZeRO buffers sized and laid out for XLA (zero_buffers.py), ZeRO-1/2's
 parameters kept as the views made with their flat buffer (zero_param_views.py), a graph
 cut at the end of backward and step (step_graphs.py), and tied parameters told by identity
-where data_ptr() tells nothing (checkpointing.py). DeepSpeed's files are not touched.
+where data_ptr() tells nothing (checkpointing.py), and an fp16 config refused naming bf16 where the device has no
+fp16 (xla_limits.py). DeepSpeed's files are not touched.
 """
 
-from . import checkpointing, step_graphs, zero_buffers, zero_param_views
+from . import checkpointing, step_graphs, xla_limits, zero_buffers, zero_param_views
 from xla_host.import_hooks import PostImportHook
 from xla_host.import_hooks import arm as arm_hook
 
@@ -18,6 +19,7 @@ def _install(engine_module):
     zero_param_views.install(engine_module)
     step_graphs.install(engine_module)
     checkpointing.install_shared_params(engine_module)
+    xla_limits.install_engine_checks(engine_module)
 
 
 _HOOK = PostImportHook(ENGINE_MODULE, _install)

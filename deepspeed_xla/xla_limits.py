@@ -8,9 +8,17 @@ sparse embedding's backward: `NotImplementedError ... 'SparseXLA' backend`).
   need one (grad enabled, weight trainable, on XLA) is refused; inference is not.
 * `torch.compile` backends that compile for CUDA or the host (inductor, cudagraphs, ...):
   XLA tensors need a backend that hands the graph to XLA (`openxla`) or runs it as traced.
+* an fp16 config where the device has no fp16 arithmetic (TPUs, and PJRT CPU standing in for
+  them): DeepSpeed refuses it too, with "Type fp16 is not supported on your device.", which
+  names neither the device nor what to use; the same refusal here names both (bf16).
 """
 
+import functools
+
 import torch
+
+from xla_host import discovery
+from xla_host.import_hooks import wrap_once
 
 from .backend import COMPILE_BACKENDS, DEFAULT_COMPILE_BACKEND, DEVICE_TYPE
 
@@ -37,6 +45,27 @@ def install():
     global _hook
     if _hook is None:
         _hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_sparse_training)
+
+
+def _fp16_refused_naming_bf16(do_sanity_check):
+    @functools.wraps(do_sanity_check)
+    def wrapper(engine, *args, **kwargs):
+        from deepspeed.accelerator import get_accelerator
+        if engine.fp16_enabled() and not get_accelerator().is_fp16_supported():
+            kind = discovery.device_type()
+            device = {"TPU": "a TPU", "CPU": "PJRT CPU (which stands in for a TPU)"}.get(kind, f"an XLA {kind} device")
+            raise UnsupportedOnXla(
+                f"deepspeed_xla: the config enables fp16, which {device} does not compute (of XLA devices, only GPUs "
+                'do); train in bf16 instead: "bf16": {"enabled": true} in place of the "fp16" section (bf16 has '
+                "fp32's range, so it needs no loss scaling)")
+        return do_sanity_check(engine, *args, **kwargs)
+
+    return wrapper
+
+
+def install_engine_checks(engine_module):
+    """Refuse an fp16 config on a device without fp16 in one line that names bf16 (idempotent)."""
+    wrap_once(engine_module.DeepSpeedEngine, "_do_sanity_check", _fp16_refused_naming_bf16)
 
 
 def check_compile_backend(backend):

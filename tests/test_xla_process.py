@@ -302,8 +302,11 @@ def test_sparse_embedding_is_refused_in_one_line(sparse):
 
 def test_fp16_config_is_refused_where_the_device_has_no_fp16():
     proc = run_python(TRAIN_ONE_STEP.format(sparse=False, extra='"fp16": {"enabled": True}'), "xla", single_rank_env())
-    assert proc.returncode != 0 and "ValueError: Type fp16 is not supported on your device." in proc.stderr, (
-        proc.stderr[-2000:])
+    assert proc.returncode != 0 and (
+        "UnsupportedOnXla: deepspeed_xla: the config enables fp16, which PJRT CPU (which stands in for a TPU) does not "
+        'compute (of XLA devices, only GPUs do); train in bf16 instead: "bf16": {"enabled": true} in place of the '
+        '"fp16" section') in proc.stderr, proc.stderr[-2000:]
+    assert "Type fp16 is not supported" not in proc.stderr, "DeepSpeed's own refusal came first"
 
 
 def test_compile_backends_that_cannot_compile_xla_tensors_are_refused():
