@@ -1,7 +1,7 @@
 """What deepspeed_xla adapts on DeepSpeed's engine class, applied once its module loads.
 
-One post-import hook per module: ZeRO buffers sized and laid out for XLA (zero_buffers.py), ZeRO-1/2's
-parameters kept as the views made with their flat buffer (zero_param_views.py), a graph
+One post-import hook per module: ZeRO buffers sized and laid out for XLA (zero_buffers.py), ZeRO's
+parameters kept as the views made with their flat buffer (ZeRO-1/2 and 3, zero_param_views.py), a graph
 cut at the end of backward and step (step_graphs.py), and tied parameters told by identity
 where data_ptr() tells nothing (checkpointing.py), and an fp16 config refused naming bf16 where the device has no
 fp16 (xla_limits.py). DeepSpeed's files are not touched.

@@ -2,7 +2,7 @@
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
 within the model, the overflow check reads the device once, PJRT CPU's freed buffers stay with
-the process, a two-rank ZeRO-2 step runs its forward and backward passes once, and a ZeRO-1/2 step
+the process, a two-rank ZeRO-2 step runs its forward and backward passes once, and a ZeRO step
 writes its parameters out only as their flat buffer."""
 
 import json
@@ -472,7 +472,7 @@ def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_pat
 
 
 STEP_GRAPH_OUTPUTS = textwrap.dedent("""
-    # The graphs of one steady ZeRO-{stage} step go to $GRAPHS_OUT (torch_xla reads the setting at its first graph).
+    # The graphs of two steady ZeRO-{stage} steps go to $GRAPHS_OUT (torch_xla reads the setting at its first graph).
     import glob, json, os, re
     out = os.environ["GRAPHS_OUT"]
     os.environ.update(XLA_SAVE_TENSORS_FILE=out, XLA_SAVE_TENSORS_FMT="hlo")
@@ -480,9 +480,10 @@ STEP_GRAPH_OUTPUTS = textwrap.dedent("""
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 8))
+    # ZeRO-3 partitions every parameter (by default it keeps ones this small whole on each rank)
     engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config={{
         "train_micro_batch_size_per_gpu": 4, "optimizer": {{"type": "AdamW", "params": {{"lr": 0.01}}}},
-        "zero_optimization": {{"stage": {stage}}}}})
+        "zero_optimization": {{"stage": {stage}, "stage3_param_persistence_threshold": 0}}}})
     x = torch.randn(4, 24).to(engine.device)
 
     def step():
@@ -503,17 +504,22 @@ STEP_GRAPH_OUTPUTS = textwrap.dedent("""
     print(json.dumps({{"graph_outputs": [outputs for _, outputs in graphs]}}))
 """)
 
+# stage: (graphs per step, what a weight matrix of the model looks like as a graph output: whole under ZeRO-1/2,
+# this rank's flat partition under ZeRO-3)
+STEP_GRAPHS = {1: (2, r"f32\[(?:40,24|8,40)\]"), 2: (2, r"f32\[(?:40,24|8,40)\]"), 3: (3, r"f32\[(?:960|320)\]")}
 
-@pytest.mark.parametrize("stage", [1, 2])
+
+@pytest.mark.parametrize("stage", STEP_GRAPHS)
 def test_zero_parameters_are_written_out_with_their_flat_buffer_only(tmp_path, stage):
-    """ZeRO-1/2 keep each parameter as a view into one flat buffer, which the step updates in place.
-    DeepSpeed ends each step by pointing every parameter at a new view of that buffer; on XLA each
-    new view was a graph output of its own, a second copy of every parameter written per step."""
+    """ZeRO keeps each parameter (ZeRO-3: each partition) as a view into one flat buffer, which the step
+    updates in place. DeepSpeed ends each step by pointing every parameter at a new view of that buffer;
+    on XLA each new view was a graph output of its own, a second copy of every parameter written per step."""
     run = run_python(STEP_GRAPH_OUTPUTS.format(stage=stage), "xla",
                      {**single_rank_env(), "GRAPHS_OUT": str(tmp_path / "graphs.hlo")})
-    result = last_json(run)
-    step_graph_outputs = result["graph_outputs"][-1]  # the graph that ends a step: the optimizer's
-    weights = re.findall(r"f32\[(?:40,24|8,40)\]", step_graph_outputs)
+    graphs = last_json(run)["graph_outputs"]
+    per_step, weight = STEP_GRAPHS[stage]
+    assert len(graphs) == 2 * per_step, f"two ZeRO-{stage} steps ran {len(graphs)} graphs, expected {per_step} each"
+    step_graph_outputs = graphs[-1]  # the graph that ends a step: the optimizer's
+    weights = re.findall(weight, step_graph_outputs)
     assert not weights, (f"ZeRO-{stage}: the graph ending a step writes {len(weights)} weight matrices out on their own "
                          f"({step_graph_outputs}); they are views of the flat parameter buffer it already writes")
-    assert len(result["graph_outputs"]) == 4, f"two steps ran {len(result['graph_outputs'])} graphs, expected 2 each"
