@@ -18,13 +18,13 @@ from test_harness_candidates import CANDIDATES, failed_ids, run_harness
 # every one must pass. Long suites are split so that test workers share them.
 # The longest first (tests/conftest.py runs slow tests in collection order, ahead of the rest).
 REFERENCE_RUNS = {
-    "scripts-1rank": ("scripts", "1rank and not zero3", 20),  # user-script patterns and config variants, ZeRO 0-2
+    "scripts-1rank": ("scripts", "1rank and not zero3", 21),  # user-script patterns and config variants, ZeRO 0-2
     # every other area's smoke checks: the launcher at 2 ranks, ZeRO-2 fp32 and ZeRO-3 bf16 at one rank,
     # a 2-stage pipeline, a checkpoint moved to CPU, each config's graphs, every lowering (the interface
     # area runs in test_harness_candidates, three times over)
     "smoke": ("smoke", "not test_interface and not test_collective and not test_user_script", 36),
     "zero-2ranks-fp32": ("zero", "2rank and fp32", 5),  # stages 0-3, and accumulation + activation checkpointing
-    "scripts-1rank-zero3": ("scripts", "1rank and zero3", 6),
+    "scripts-1rank-zero3": ("scripts", "1rank and zero3", 7),
     "collectives": ("collectives", None, 2 * 35),  # fixtures/collectives.py cases at 2 and 4 ranks
 }
 
