@@ -401,25 +401,31 @@ def test_checkpoint_saved_on_xla_consolidates_with_zero_to_fp32(tmp_path):
     assert all(result["equal"].values()) and result["tied"], result
 
 
-ONE_STEP_MATMULS = textwrap.dedent("""
-    # Rank r's executed graphs go to $MATMULS_OUT.r.hlo* (torch_xla reads the setting at its first graph).
-    import json, os
-    out = os.environ["MATMULS_OUT"] + "." + os.environ["RANK"]
-    os.environ.update(XLA_SAVE_TENSORS_FILE=out + ".hlo", XLA_SAVE_TENSORS_FMT="hlo")
-    import glob, re, torch, deepspeed, torch_xla
+# A child script's start: the graphs it executes go to $GRAPHS_OUT.<rank>.hlo*, and executed_hlo(run) is the
+# HLO of those `run()` executes. torch_xla reads the setting at its first graph, so this comes before any import.
+EXECUTED_HLO = textwrap.dedent("""
+    import glob, os
+    out = os.environ["GRAPHS_OUT"] + "." + os.environ["RANK"] + ".hlo"
+    os.environ.update(XLA_SAVE_TENSORS_FILE=out, XLA_SAVE_TENSORS_FMT="hlo")
+
+    def executed_hlo(run):
+        dump = glob.glob(out + "*")
+        start = os.path.getsize(dump[0]) if dump else 0
+        run()
+        with open(glob.glob(out + "*")[0]) as f:
+            f.seek(start)
+            return f.read()
+""")
+
+ONE_STEP_MATMULS = EXECUTED_HLO + textwrap.dedent("""
+    import json, re, torch, deepspeed, torch_xla
 
     def model():
         torch.manual_seed(0)
         return torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()) for _ in range(3)])
 
     def matmuls_of(step):
-        # the dot ops of the graphs `step` executes, from the dump it appends to
-        dump = glob.glob(out + ".hlo*")
-        start = os.path.getsize(dump[0]) if dump else 0
-        step()
-        with open(glob.glob(out + ".hlo*")[0]) as f:
-            f.seek(start)
-            return len(re.findall(r" dot\\(", f.read()))
+        return len(re.findall(r" dot\\(", executed_hlo(step)))
 
     deepspeed.init_distributed()
     x = torch.randn(8, 32, generator=torch.Generator().manual_seed(int(os.environ["RANK"])))
@@ -449,7 +455,7 @@ ONE_STEP_MATMULS = textwrap.dedent("""
     for _ in range(2):
         deepspeed_step()
         hand_step()
-    with open(out + ".json", "w") as f:
+    with open(os.environ["GRAPHS_OUT"] + "." + os.environ["RANK"] + ".json", "w") as f:
         json.dump({"deepspeed": matmuls_of(deepspeed_step), "hand": matmuls_of(hand_step)}, f)
 """)
 
@@ -461,7 +467,7 @@ def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_pat
     the loss) ran them again: the step's graphs held the model's matmuls once per read."""
     script = tmp_path / "one_step.py"
     script.write_text(ONE_STEP_MATMULS)
-    run = launch([script], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env={"MATMULS_OUT": str(tmp_path / "matmuls")},
+    run = launch([script], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env={"GRAPHS_OUT": str(tmp_path / "matmuls")},
                  timeout=300)
     assert run.returncode == 0 and not run.timed_out, run.log[-3000:]
     for rank in range(2):
@@ -471,12 +477,9 @@ def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_pat
             f"{counts['hand']}: part of the forward and backward passes ran more than once")
 
 
-STEP_GRAPH_OUTPUTS = textwrap.dedent("""
-    # The graphs of two steady ZeRO-{stage} steps go to $GRAPHS_OUT (torch_xla reads the setting at its first graph).
-    import glob, json, os, re
-    out = os.environ["GRAPHS_OUT"]
-    os.environ.update(XLA_SAVE_TENSORS_FILE=out, XLA_SAVE_TENSORS_FMT="hlo")
-    import torch, deepspeed
+STEP_GRAPH_OUTPUTS = EXECUTED_HLO + textwrap.dedent("""
+    # the graphs two steady ZeRO-{stage} steps execute: the outputs of each
+    import json, re, torch, deepspeed
 
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 8))
@@ -494,13 +497,8 @@ STEP_GRAPH_OUTPUTS = textwrap.dedent("""
 
     for _ in range(3):
         step()
-    dump = glob.glob(out + "*")[0]
-    start = os.path.getsize(dump)
-    step()
-    step()
-    with open(dump) as f:
-        f.seek(start)
-        graphs = re.findall(r"entry_computation_layout=\\{{\\((.*?)\\)->\\((.*?)\\)\\}}", f.read())
+    hlo = executed_hlo(lambda: (step(), step()))
+    graphs = re.findall(r"entry_computation_layout=\\{{\\((.*?)\\)->\\((.*?)\\)\\}}", hlo)
     print(json.dumps({{"graph_outputs": [outputs for _, outputs in graphs]}}))
 """)
 
@@ -515,7 +513,7 @@ def test_zero_parameters_are_written_out_with_their_flat_buffer_only(tmp_path, s
     updates in place. DeepSpeed ends each step by pointing every parameter at a new view of that buffer;
     on XLA each new view was a graph output of its own, a second copy of every parameter written per step."""
     run = run_python(STEP_GRAPH_OUTPUTS.format(stage=stage), "xla",
-                     {**single_rank_env(), "GRAPHS_OUT": str(tmp_path / "graphs.hlo")})
+                     {**single_rank_env(), "GRAPHS_OUT": str(tmp_path / "graphs")})
     graphs = last_json(run)["graph_outputs"]
     per_step, weight = STEP_GRAPHS[stage]
     assert len(graphs) == 2 * per_step, f"two ZeRO-{stage} steps ran {len(graphs)} graphs, expected {per_step} each"
