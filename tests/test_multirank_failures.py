@@ -8,6 +8,7 @@ that names rank and operation, and no process left behind.
 import os
 import subprocess
 import sys
+import time
 
 import psutil
 import pytest
@@ -59,12 +60,14 @@ def test_misbehaving_rank_fails_fast_and_clearly(mode, expected, tmp_path):
 
 
 @pytest.mark.slow
-def test_missing_peer_at_startup_ends_in_bounded_time(tmp_path):
-    # Rank 0 of 2 started alone: the rendezvous gives up after DEEPSPEED_TIMEOUT (minutes).
+def test_missing_peer_at_startup_ends_in_bounded_time():
+    # Rank 0 of 2 started alone: the rendezvous gives up after the process group's timeout (DeepSpeed's
+    # DEEPSPEED_TIMEOUT, whole minutes; here init_distributed's own `timeout`, so the wait is seconds).
     env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="2", LOCAL_SIZE="2", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), DS_ACCELERATOR="xla", PJRT_DEVICE="CPU", DEEPSPEED_TIMEOUT="1",
-               **TIMEOUT_ENV)
-    proc = subprocess.run([sys.executable, str(FIXTURES / "probe_env.py"), "--out", str(tmp_path)], env=env,
-                          capture_output=True, text=True, timeout=200)
+               MASTER_PORT=str(free_port()), DS_ACCELERATOR="xla", PJRT_DEVICE="CPU", **TIMEOUT_ENV)
+    code = "import datetime, deepspeed; deepspeed.init_distributed(timeout=datetime.timedelta(seconds=10))"
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode != 0
     assert "1/2 clients joined" in proc.stderr, proc.stderr[-3000:]
+    assert time.monotonic() - started < 60, f"rank 0 waited {time.monotonic() - started:.0f}s for a 10s timeout"
