@@ -20,11 +20,28 @@ once DeepSpeed's engine module loads (engine_hooks.py); DeepSpeed's files are no
 Contiguous gradients (DeepSpeed's default) stay as configured: each gradient is copied into a
 slice of the flat bucket, which XLA computes as one concatenation of the gradients once the
 copies lower as concatenations rather than selects over the whole bucket (backend/op_fixes.py).
+
+Gradient partition layout. With contiguous gradients ZeRO-1/2 copy each reduced gradient of this
+rank's partition into one flat buffer (`grads_in_partition`) at the next free offset, so the buffer
+holds the gradients in the order the backward pass reduced them (ZeRO-2: last layer first), and the
+step reads them back in parameter order (`get_flat_partition`, then flattening for the optimizer).
+On CUDA that is one more copy kernel. On XLA it was a pass of its own in the step's graph: a
+concatenation of the buffer's slices in the other order, the whole partition read and written once
+more before the optimizer's update (a 4.2M-parameter MLP, ZeRO-2, one rank: the step's graph 14.5
+against 9.5-10.6 ms). On XLA each gradient is therefore copied to its parameter's offset in
+parameter order (`install()` wraps `copy_grads_in_partition`): the step then reads the partition's
+slices in the order they lie, which XLA folds into the buffer itself. The gradients' values, their
+views (`param.grad`) and everything DeepSpeed computes from them are unchanged; only where each one
+lies in the buffer moves.
 """
 
 import functools
 
+import torch
+
 from xla_host.import_hooks import wrap_once
+
+from .backend import DEVICE_TYPE
 
 BUCKET_SIZE_ACCESSORS = ("zero_reduce_bucket_size", "zero_allgather_bucket_size", "zero_prefetch_bucket_size")
 
@@ -58,10 +75,48 @@ def _bound(accessor):
     return wrapper
 
 
+_OFFSETS = "_deepspeed_xla_grad_offsets"
+
+
+def _parameter_order_offsets(optimizer):
+    """{param_id: offset} of each parameter of this rank's partition laid out in parameter order (group by
+    group, as DeepSpeed sizes the buffer), and the buffer's size; computed once (the partition is fixed)."""
+    layout = getattr(optimizer, _OFFSETS, None)
+    if layout is None:
+        offsets, size = {}, 0
+        for group in optimizer.params_in_partition:
+            for param in group:
+                offsets[optimizer.get_param_id(param)] = size
+                size += param.numel()
+        layout = (offsets, size)
+        setattr(optimizer, _OFFSETS, layout)
+    return layout
+
+
+def _in_parameter_order(copy_grads_in_partition):
+
+    @functools.wraps(copy_grads_in_partition)
+    def wrapper(optimizer, param, group_idx=None):
+        if param.device.type == DEVICE_TYPE and not optimizer.cpu_offload:
+            if group_idx is None:
+                group_idx = optimizer._get_param_group_idx(param)
+            if not optimizer._use_compact_grad_partition_buffer(group_idx):
+                offsets, size = _parameter_order_offsets(optimizer)
+                if optimizer.grads_in_partition is None:  # DeepSpeed's own allocation would restart at offset 0
+                    optimizer.grads_in_partition = torch.empty(size, dtype=optimizer.dtype, device=param.device)
+                optimizer.grads_in_partition_offset = offsets[optimizer.get_param_id(param)]
+        return copy_grads_in_partition(optimizer, param, group_idx)
+
+    return wrapper
+
+
 def install(engine_module):
-    """Bound the bucket sizes of `engine_module.DeepSpeedEngine` (idempotent)."""
+    """Bound the bucket sizes of `engine_module.DeepSpeedEngine`, and lay ZeRO-1/2's gradient partition out
+    in parameter order on XLA (idempotent)."""
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
     engine = engine_module.DeepSpeedEngine
     for name in BUCKET_SIZE_ACCESSORS:
         if hasattr(engine, name):
             wrap_once(engine, name, _bound)
+    wrap_once(DeepSpeedZeroOptimizer, "copy_grads_in_partition", _in_parameter_order)
 

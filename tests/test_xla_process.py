@@ -2,8 +2,9 @@
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
 within the model, the overflow check reads the device once, PJRT CPU's freed buffers stay with
-the process, a two-rank ZeRO-2 step runs its forward and backward passes once, and a ZeRO step
-writes its parameters out only as their flat buffer."""
+the process, a two-rank ZeRO-2 step runs its forward and backward passes once, a ZeRO step
+writes its parameters out only as their flat buffer, and a ZeRO-2 step reads its gradient partition
+in parameter order."""
 
 import json
 import re
@@ -521,3 +522,45 @@ def test_zero_parameters_are_written_out_with_their_flat_buffer_only(tmp_path, s
     weights = re.findall(weight, step_graph_outputs)
     assert not weights, (f"ZeRO-{stage}: the graph ending a step writes {len(weights)} weight matrices out on their own "
                          f"({step_graph_outputs}); they are views of the flat parameter buffer it already writes")
+
+
+GRADIENT_PARTITION_READS = EXECUTED_HLO + textwrap.dedent("""
+    # where the graph ending a steady ZeRO-2 step reads each gradient out of the flat gradient partition
+    import json, re, torch, deepspeed
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 8))
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config={
+        "train_micro_batch_size_per_gpu": 4, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": 2}})
+    x = torch.randn(4, 24).to(engine.device)
+
+    def step():
+        loss = engine(x).square().mean()
+        engine.backward(loss)
+        engine.step()
+        loss.item()
+
+    for _ in range(3):
+        step()
+    step_graph = executed_hlo(step).split("HloModule ")[-1]
+    numel = sum(p.numel() for p in net.parameters())
+    reads = re.findall(rf"slice\\(f32\\[{numel}\\]\\{{0\\}} %\\S+\\), slice=\\{{\\[(\\d+):(\\d+)\\]\\}}", step_graph)
+    print(json.dumps({"reads": sorted([int(a), int(b)] for a, b in reads),
+                      "numels": [p.numel() for p in net.parameters()]}))
+""")
+
+
+def test_zero2_step_reads_the_gradient_partition_in_parameter_order(tmp_path):
+    """ZeRO-2 copies each reduced gradient into one flat partition buffer as the backward pass reduces it
+    (last layer first), and the step reads the gradients back in parameter order: on XLA a reordering
+    pass over the whole partition in the step's graph, unless each gradient lies at its parameter's
+    offset (zero_buffers.py)."""
+    result = last_json(run_python(GRADIENT_PARTITION_READS, "xla", {**single_rank_env(), "GRAPHS_OUT": str(tmp_path / "graphs")}))
+    offsets = [0]
+    for numel in result["numels"]:
+        offsets.append(offsets[-1] + numel)
+    in_parameter_order = [[start, end] for start, end in zip(offsets, offsets[1:])]
+    assert result["reads"] == in_parameter_order, (
+        f"the ZeRO-2 step reads its gradients at {result['reads']} of the flat partition; in parameter order they "
+        f"lie at {in_parameter_order}, which the step reads as the buffer it is")
