@@ -1,4 +1,4 @@
-"""ZeRO's gradient buckets on XLA: no larger than the model.
+"""ZeRO's gradient buffers on XLA: buckets no larger than the model, the gradient partition in parameter order.
 
 Bucket sizes. DeepSpeed's ZeRO stages allocate their gradient buckets at the configured size
 (`reduce_bucket_size`, default 5e8 elements: 2 GB in fp32, twice with `overlap_comm`)
@@ -27,8 +27,8 @@ holds the gradients in the order the backward pass reduced them (ZeRO-2: last la
 step reads them back in parameter order (`get_flat_partition`, then flattening for the optimizer).
 On CUDA that is one more copy kernel. On XLA it was a pass of its own in the step's graph: a
 concatenation of the buffer's slices in the other order, the whole partition read and written once
-more before the optimizer's update (a 4.2M-parameter MLP, ZeRO-2, one rank: the step's graph 14.5
-against 9.5-10.6 ms). On XLA each gradient is therefore copied to its parameter's offset in
+more before the optimizer's update (a 4.2M-parameter MLP, ZeRO-2, one rank: the step's graph 14.4-14.6
+against 9.3-10.6 ms). On XLA each gradient is therefore copied to its parameter's offset in
 parameter order (`install()` wraps `copy_grads_in_partition`): the step then reads the partition's
 slices in the order they lie, which XLA folds into the buffer itself. The gradients' values, their
 views (`param.grad`) and everything DeepSpeed computes from them are unchanged; only where each one
@@ -94,6 +94,8 @@ def _parameter_order_offsets(optimizer):
 
 
 def _in_parameter_order(copy_grads_in_partition):
+    """Wrap DeepSpeedZeroOptimizer.copy_grads_in_partition(param, group_idx) to put an XLA gradient at its
+    parameter's offset of `grads_in_partition`; CPU offload and the bf16 compact buffer do not use it."""
 
     @functools.wraps(copy_grads_in_partition)
     def wrapper(optimizer, param, group_idx=None):
