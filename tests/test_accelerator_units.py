@@ -7,6 +7,7 @@ which kernels the op-builder rule hands out, and the torch_xla corrections it in
 """
 
 import math
+import re
 
 import pytest
 import torch
@@ -221,9 +222,10 @@ VIEW_WRITES = {
 
 
 @pytest.mark.parametrize("write", VIEW_WRITES)
-def test_writes_through_views_of_views_match_pytorch(accel, write):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_writes_through_views_of_views_match_pytorch(accel, write, dtype):
     # The base slice_scatter gets is then itself a view with an offset into another tensor.
-    expected = torch.arange(40.0).reshape(5, 8)
+    expected = torch.arange(40.0).reshape(5, 8).to(dtype)
     got = expected.to(XLA)
     VIEW_WRITES[write](expected)
     VIEW_WRITES[write](got)
@@ -246,18 +248,23 @@ def test_slice_scatter_refuses_a_source_of_the_wrong_shape(accel):
         torch.slice_scatter(torch.zeros(10, device=XLA), torch.ones(3, device=XLA), 0, 0, 2)
 
 
-def test_copies_into_a_bucket_lower_to_a_concatenation(accel):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
+def test_copies_into_a_bucket_lower_to_a_concatenation(accel, dtype):
     # ZeRO fills its flat gradient buckets this way; torch_xla's own lowering is a select over the
-    # whole bucket per copy, which XLA does not fold across copies.
-    grads = [torch.randn(n) for n in (6, 3, 5)]
-    bucket = torch.zeros(16, device=XLA)
+    # whole bucket per copy, which XLA does not fold across copies. In 16-bit floats the concatenation
+    # must move bits: XLA's CPU compiler widens bf16/fp16 concatenations and slices to f32 before it
+    # folds them, and then does not fold the chain (one pass over the bucket per copy).
+    grads = [torch.randn(n).to(dtype) for n in (6, 3, 5)]
+    bucket = torch.zeros(16, dtype=dtype, device=XLA)
     offset = 0
     for grad in grads:
         bucket.narrow(0, offset, grad.numel()).copy_(grad.to(XLA))
         offset += grad.numel()
     hlo = torch_xla._XLAC._get_xla_tensors_hlo([bucket])
     assert " select(" not in hlo, f"a copy into a slice still lowers as a select:\n{hlo}"
-    torch.testing.assert_close(bucket.cpu(), torch.cat(grads + [torch.zeros(2)]))
+    float_concatenations = re.findall(r"= (?:bf16|f16)\[[0-9,]*\]\{[0-9,]*\} concatenate\(", hlo)
+    assert not float_concatenations, f"a copy into a {dtype} bucket concatenates floating-point values:\n{hlo}"
+    torch.testing.assert_close(bucket.cpu(), torch.cat(grads + [torch.zeros(2, dtype=dtype)]))
 
 
 @pytest.mark.parametrize("view", ["whole", "narrow", "column", "transposed", "pending", "scalar"])
