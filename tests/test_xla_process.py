@@ -478,6 +478,57 @@ def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_pat
             f"{counts['hand']}: part of the forward and backward passes ran more than once")
 
 
+# Optimised HLO of every graph a two-rank bf16 ZeRO-2 run compiles: per graph, how many times it concatenates a
+# whole gradient bucket, and its matmuls.
+BUCKET_FILLS = textwrap.dedent("""
+    import glob, json, os, re
+    dump = os.environ["GRAPHS_OUT"] + "." + os.environ["RANK"]
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=" + dump
+    import torch, deepspeed
+
+    deepspeed.init_distributed()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()) for _ in range(3)])
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(int(os.environ["RANK"])))
+    # Buckets of 1,100 elements, one layer's 1,056 gradients each: its weight's, then its bias's.
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config={
+        "train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": 2, "reduce_bucket_size": 1100}, "bf16": {"enabled": True}})
+    for _ in range(4):
+        loss = engine(x.to(engine.device, torch.bfloat16)).square().mean()
+        engine.backward(loss)
+        engine.step()
+        loss.item()
+    graphs = []
+    for path in sorted(glob.glob(dump + "/*after_optimizations.txt")):
+        text = open(path).read()
+        graphs.append([len(re.findall(r"\\[1100\\]\\{0\\} concatenate\\(", text)), len(re.findall(r" dot\\(", text))])
+    with open(dump + ".json", "w") as f:
+        json.dump(graphs, f)
+""")
+
+
+@pytest.mark.slow
+def test_the_backward_graph_fills_each_gradient_bucket_once(tmp_path):
+    """DeepSpeed points each parameter's .grad at its slice of the gradient bucket as it copies the gradient
+    in. On XLA that view keeps the bucket as it was then: cut before the bucket's all-reduce, the graph also
+    computed, and wrote out, the bucket with only the weight's gradient in it (in bf16 a second concatenation
+    of the whole bucket; with one bucket for the whole model, one per parameter)."""
+    script = tmp_path / "bucket_fills.py"
+    script.write_text(BUCKET_FILLS)
+    run = launch([script], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env={"GRAPHS_OUT": str(tmp_path / "graphs")},
+                 timeout=300)
+    assert run.returncode == 0 and not run.timed_out, run.log[-3000:]
+    for rank in range(2):
+        graphs = json.loads((tmp_path / f"graphs.{rank}.json").read_text())
+        # the graph cut before the first bucket's all-reduce: the forward pass and the last layer's backward
+        most = max(matmuls for _, matmuls in graphs)
+        first_cut = [fills for fills, matmuls in graphs if matmuls == most]
+        assert first_cut and all(fills == 1 for fills in first_cut), (
+            f"rank {rank}: the graph cut before the first bucket's all-reduce concatenates a whole bucket "
+            f"{first_cut} times; it fills one bucket, with two gradients, once")
+
+
 # A child script's steady ZeRO-{stage} training: a two-layer MLP's engine, its step(), three steps done.
 STEADY_ZERO_STEPS = EXECUTED_HLO + textwrap.dedent("""
     import json, re, torch, deepspeed
