@@ -23,9 +23,11 @@ def launch(script, args, world, on_cpu_accelerator=False):
         env = accelerator_env(None if on_cpu_accelerator else candidates.parse_spec(candidates.DEFAULT_SPEC), {
             "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-        procs.append(subprocess.Popen([sys.executable, str(script), "--worker", *args], env=env, text=True,
-                                      stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL,
-                                      stderr=tempfile.TemporaryFile(mode="w+")))
+        log = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen([sys.executable, str(script), "--worker", *args], env=env, text=True,
+                                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=log)
+        proc.stderr_log = log  # Popen keeps no handle on a file it was given, only on its own pipes
+        procs.append(proc)
     watchdog = threading.Timer(TIMEOUT_S, lambda: [proc.kill() for proc in procs])
     watchdog.daemon = True
     watchdog.start()
@@ -44,7 +46,7 @@ def failures(procs):
     lines = []
     for rank, proc in enumerate(procs):
         if proc.wait() != 0:
-            proc.stderr.seek(0)
-            last = (proc.stderr.read().strip().splitlines() or ["(no output)"])[-1][:160]
+            proc.stderr_log.seek(0)
+            last = (proc.stderr_log.read().strip().splitlines() or ["(no output)"])[-1][:160]
             lines.append(f"rank {rank} failed (exit {proc.returncode}): {last}")
     return lines

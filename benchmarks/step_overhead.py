@@ -61,10 +61,15 @@ def _counters():
             "compilations": count("CompileTime")}
 
 
-def _measure(steps, on_xla):
+def _measure(steps, on_xla, align, settle):
     """Run each of `steps` ({name: step function}) WARMUP times, then MEASURED rounds of one step of
-    each in turn, so that whatever else the machine does slows both sides alike. Per name: the
-    median ms and, on XLA, the counters' mean deltas per step."""
+    each in turn, so that whatever else the machine does slows both sides alike. A step's time runs
+    until `settle` returns: on XLA, until the device has finished the step's graphs (a step returns
+    once the loss is read back, while graphs launched after the loss may still run, and would
+    otherwise be charged to the next step measured, the other side's). `align` runs untimed before
+    every measured step: with several ranks, a barrier, so that no step is charged for the time a
+    peer still spent in the step before. Per name: the median ms and, on XLA, the counters' mean
+    deltas per step."""
     for step in steps.values():
         for _ in range(WARMUP):
             step()
@@ -72,9 +77,11 @@ def _measure(steps, on_xla):
     totals = {name: {} for name in steps}
     for _ in range(MEASURED):
         for name, step in steps.items():
+            align()
             before = _counters() if on_xla else {}
             start = time.perf_counter()
             step()
+            settle()
             times[name].append(time.perf_counter() - start)
             after = _counters() if on_xla else {}
             for key in before:
@@ -110,9 +117,10 @@ def worker(stage, dtype, accelerator):
     on_xla = accelerator == "xla"
     if on_xla:
         import torch_xla
-        device, sync = torch_xla.device(), torch_xla.sync
+        import torch_xla.core.xla_model as xm
+        device, sync, settle = torch_xla.device(), torch_xla.sync, xm.wait_device_ops
     else:
-        device, sync = torch.device("cpu"), lambda: None
+        device, sync, settle = torch.device("cpu"), lambda: None, lambda: None
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     g = torch.Generator().manual_seed(1 + rank)
     x = torch.randn(BATCH, WIDTH, generator=g)
@@ -151,7 +159,8 @@ def worker(stage, dtype, accelerator):
         engine.step()
         return loss.item()
 
-    measured = _measure({"hand": hand_step, "deepspeed": deepspeed_step}, on_xla)
+    align = dist.barrier if world > 1 else (lambda: None)
+    measured = _measure({"hand": hand_step, "deepspeed": deepspeed_step}, on_xla, align, settle)
     if rank == 0:
         print(RESULT_PREFIX + json.dumps(measured), flush=True)
 
