@@ -461,18 +461,23 @@ ONE_STEP_MATMULS = EXECUTED_HLO + textwrap.dedent("""
 """)
 
 
+def two_rank_results(tmp_path, source):
+    """Run child script `source` as two ranks under DeepSpeed's launcher on deepspeed_xla; per rank, the JSON
+    it wrote to $GRAPHS_OUT.<rank>.json."""
+    script = tmp_path / "child.py"
+    script.write_text(source)
+    run = launch([script], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env={"GRAPHS_OUT": str(tmp_path / "out")},
+                 timeout=300)
+    assert run.returncode == 0 and not run.timed_out, run.log[-3000:]
+    return [json.loads((tmp_path / f"out.{rank}.json").read_text()) for rank in range(2)]
+
+
 @pytest.mark.slow
 def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_path):
     """The host bridge reads each gradient bucket's reduction on the host. Reading only the bucket
     left the forward and backward passes pending, and every later read (the next bucket, the norm,
     the loss) ran them again: the step's graphs held the model's matmuls once per read."""
-    script = tmp_path / "one_step.py"
-    script.write_text(ONE_STEP_MATMULS)
-    run = launch([script], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env={"GRAPHS_OUT": str(tmp_path / "matmuls")},
-                 timeout=300)
-    assert run.returncode == 0 and not run.timed_out, run.log[-3000:]
-    for rank in range(2):
-        counts = json.loads((tmp_path / f"matmuls.{rank}.json").read_text())
+    for rank, counts in enumerate(two_rank_results(tmp_path, ONE_STEP_MATMULS)):
         assert counts["deepspeed"] == counts["hand"], (
             f"rank {rank}: one ZeRO-2 step executed {counts['deepspeed']} matmuls, a hand-written step "
             f"{counts['hand']}: part of the forward and backward passes ran more than once")
@@ -514,13 +519,7 @@ def test_the_backward_graph_fills_each_gradient_bucket_once(tmp_path):
     in. On XLA that view keeps the bucket as it was then: cut before the bucket's all-reduce, the graph also
     computed, and wrote out, the bucket with only the weight's gradient in it (in bf16 a second concatenation
     of the whole bucket; with one bucket for the whole model, one per parameter)."""
-    script = tmp_path / "bucket_fills.py"
-    script.write_text(BUCKET_FILLS)
-    run = launch([script], parse_spec("deepspeed_xla"), tmp_path, num_gpus=2, env={"GRAPHS_OUT": str(tmp_path / "graphs")},
-                 timeout=300)
-    assert run.returncode == 0 and not run.timed_out, run.log[-3000:]
-    for rank in range(2):
-        graphs = json.loads((tmp_path / f"graphs.{rank}.json").read_text())
+    for rank, graphs in enumerate(two_rank_results(tmp_path, BUCKET_FILLS)):
         # the graph cut before the first bucket's all-reduce: the forward pass and the last layer's backward
         most = max(matmuls for _, matmuls in graphs)
         first_cut = [fills for fills, matmuls in graphs if matmuls == most]
