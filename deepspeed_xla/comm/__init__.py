@@ -74,6 +74,17 @@ def _create_process_group(options, backend_options=None):
     return XlaNativeProcessGroup(*args)
 
 
+def reads_on_host(group=None):
+    """Whether a collective over `group` (a torch.distributed group; None: the world) reads its XLA
+    operands to the host: the host bridge's, in a group of more than one rank. False where no
+    process group is initialized."""
+    if not dist.is_initialized():
+        return False
+    from .bridge import HostBridgeProcessGroup
+    group = dist.group.WORLD if group is None else group
+    return isinstance(group, HostBridgeProcessGroup) and group.size() > 1
+
+
 def register_backend():
     """Make `BACKEND_NAME` known to torch.distributed (idempotent)."""
     if BACKEND_NAME in dist.Backend.backend_list:
