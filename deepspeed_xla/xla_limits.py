@@ -34,7 +34,7 @@ def _refuse_sparse_training(module, args):
             raise UnsupportedOnXla(
                 f"deepspeed_xla: {type(module).__name__}({weight.shape[0]}, {weight.shape[1]}, sparse=True) cannot "
                 "train on XLA, which has no sparse gradients; build it with sparse=False (the gradient values are "
-                "the same) and leave DeepSpeed's `sparse_gradients` off")
+                "the same)")
 
 
 _hook = None
