@@ -78,3 +78,17 @@ def test_process_group_on_tpu_is_native_with_global_ranks(monkeypatch):
 def test_a_failure_says_where_each_peer_is(peer_seq, peer_op, expected):
     from deepspeed_xla.comm.bridge import _peer_state
     assert _peer_state(peer_seq, peer_op, 5, "all_reduce(op=SUM)") == expected
+
+
+def test_only_a_host_bridge_group_of_several_ranks_reads_on_host(monkeypatch):
+    """The step cuts its graph before the gradients are flattened only where the host bridge will read them:
+    never without a process group, on a TPU's native group, or in a bridge group of one rank (which exchanges
+    nothing). A two-rank bridge group reads (tests/test_xla_process.py, the flattening test)."""
+    from deepspeed_xla.comm.bridge import HostBridgeProcessGroup
+    from xla_host import discovery
+    assert not comm.reads_on_host()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(discovery, "device_type", lambda: "TPU")
+    assert not comm.reads_on_host(comm._create_process_group(_Options()))
+    alone = HostBridgeProcessGroup(dist.HashStore(), 0, 1, datetime.timedelta(seconds=30))
+    assert not comm.reads_on_host(alone)
