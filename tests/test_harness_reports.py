@@ -321,6 +321,10 @@ def test_diff_against_an_incomplete_run_fails(tmp_path):
 def test_redaction_replaces_paths_and_the_host_name_only_where_they_stand(monkeypatch):
     from harness import report_md
     monkeypatch.setattr(report_md.socket, "gethostname", lambda: "test")
+    # A checkout under the temporary or home directory would rightly show the text after it as a path there
+    # ("<tmp>/checkoutx"): those two are put where no checkout is, so the repository's own pattern is what is checked.
+    monkeypatch.setattr(report_md.tempfile, "gettempdir", lambda: "/nowhere-tmp")
+    monkeypatch.setattr(report_md.Path, "home", staticmethod(lambda: Path("/nowhere-home")))
     text = f"{cli.REPO}/conformance/test_collectives.py::test_all_reduce on test, {cli.REPO}x"
     assert report_md.redact(text) == f"<repo>/conformance/test_collectives.py::test_all_reduce on <host>, {cli.REPO}x"
 
