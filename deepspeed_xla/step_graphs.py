@@ -23,16 +23,23 @@ where the engine needs a value, as PyTorch/XLA's own loops mark a step before re
     reduced bucket, which the optimizer's graph fuses; a cut there (ZeRO-0's norm all-reduce) wrote
     the gradients out between two graphs and made the step 24 ms slower;
   - inside `engine.backward()`, where the data-parallel group's collectives read on the host, the
-    pending graph is also cut before DeepSpeed's all-reduce without ZeRO (`buffered_allreduce_fallback`)
-    flattens the gradients into its buckets. In one graph with the backward pass, XLA CPU lays each
-    weight gradient out transposed and transposes it twice, for `.grad` and inside the concatenation;
-    cut, the concatenation reads `.grad` as it is laid out (2 ranks, a 4.2M-parameter MLP, ZeRO-0:
-    fp32 151 -> 121 ms per step, bf16 194 -> 161, one more graph execution);
+    pending graph is cut before DeepSpeed starts a gradient reduction (without ZeRO
+    `buffered_allreduce_fallback`, ZeRO-1/2 `reduce_ipg_grads`, ZeRO-3 `__reduce_and_partition_ipg_grads`),
+    and the reduction's own collectives then read only their operands. A cut at the collective's read
+    came after the reduction had made its views of the bucket (each gradient, its partitions, the
+    flattened operand's chunks), and every view alive at a cut is a graph output of its own: ZeRO-3's
+    backward graph wrote about 134 MB per step for a 16 MB model, ZeRO-1 101 MB. Without ZeRO, in one
+    graph with the backward pass, XLA CPU also lays each weight gradient out transposed and transposes
+    it twice, for `.grad` and inside the concatenation; cut, the concatenation reads `.grad` as it is
+    laid out (2 ranks, a 4.2M-parameter MLP: ZeRO-0 fp32 151 -> 121 ms per step, bf16 194 -> 161;
+    ZeRO-1 fp32 121 -> 117, ZeRO-2 125 -> 117, ZeRO-3 153 -> 146; one more graph execution each);
   - before each of these cuts, each parameter's `.grad` that is a view of a buffer written since it was made
     (ZeRO-1/2 point `.grad` at the gradient's slice of the bucket as they copy it in) is brought up
     to date. A stale view holds the buffer as it was: the cut computed and wrote out that version too,
     in bf16 one more concatenation of the whole bucket per earlier gradient (2 ranks, bf16 ZeRO-1/2,
-    a 4.2M-parameter MLP in one bucket: the graph before the all-reduce 120 -> 100 ms);
+    a 4.2M-parameter MLP in one bucket: the graph before the all-reduce 120 -> 100 ms). So are the
+    buckets themselves: written only through views, ZeRO-1/2's bucket (made with `torch.empty` each
+    step) kept the empty value it was made with, and the cut wrote that out as well;
   - `engine.step()` ends with a sync (the engine cuts there only from its third step, and only
     through its throughput timer);
   - under ZeRO-3, `engine.backward()` also ends with a sync: its step gathers and re-partitions
@@ -72,6 +79,7 @@ _in_engine_call = 0  # depth of engine.backward()/step() calls on this process's
 _in_backward = 0  # how many of those are engine.backward()
 _engine_thread = None  # the thread that made the outermost of those calls
 _engine = None  # the engine of the outermost of those calls
+_in_reduction = 0  # depth of gradient reductions that began with a cut (their reads take only their operands)
 
 
 def _engine_reads_now():
@@ -82,38 +90,63 @@ def _engine_reads_now():
 def _read_scalar(tensor):
     # torch_xla's own kernel is this transfer: only the cut before it is added.
     if _engine_reads_now():
-        _refresh_gradient_views(_engine.module)
+        _refresh_gradient_views(_engine)
         runtime.sync(wait=False)
     return tensor.cpu().item()
 
 
-def cut_before_collective_read():
-    """Called by the host bridge before it reads a collective's XLA operands to the host: inside
-    engine.backward(), on the engine's thread or in its backward pass, cut the pending graph first
-    (see the module's docstring); anywhere else do nothing, and the read computes only the operand."""
+def _cut_in_backward():
     if _in_backward and _engine_reads_now():
-        _refresh_gradient_views(_engine.module)
+        _refresh_gradient_views(_engine)
         runtime.sync(wait=False)
 
 
-def _cut_before_flattening(buffered_allreduce_fallback):
-
-    @functools.wraps(buffered_allreduce_fallback)
-    def wrapper(engine, *args, **kwargs):
-        if engine.device.type == DEVICE_TYPE and comm.reads_on_host(engine.seq_data_parallel_group):
-            cut_before_collective_read()
-        return buffered_allreduce_fallback(engine, *args, **kwargs)
-
-    return wrapper
+def cut_before_collective_read():
+    """Called by the host bridge before it reads a collective's XLA operands to the host: inside
+    engine.backward(), on the engine's thread or in its backward pass, and outside a gradient
+    reduction that began with a cut, cut the pending graph first (see the module's docstring);
+    anywhere else do nothing, and the read computes only the operand."""
+    if not _in_reduction:
+        _cut_in_backward()
 
 
-def _refresh_gradient_views(module):
-    """Bring each parameter's `.grad` that is a view of a buffer written since (ZeRO's gradient bucket)
-    up to date, so that the graph cut next reads it out of the buffer's last version; a stale view would
-    make that graph compute, and write out, the buffer as it was when the view was made."""
-    for param in module.parameters():
-        if param.grad is not None and torch._is_functional_tensor(param.grad):
-            torch._sync(param.grad)
+def _cut_before_reduction(group_of):
+    """Wrap a DeepSpeed method that reduces gradient buckets over the group `group_of(owner)`: where that
+    group's collectives read on the host, cut the pending graph before it (inside engine.backward(),
+    as cut_before_collective_read does), and let its collectives read only their operands."""
+
+    def wrap(reduce):
+
+        @functools.wraps(reduce)
+        def wrapper(owner, *args, **kwargs):
+            global _in_reduction
+            if not (_in_backward and _engine_reads_now() and comm.reads_on_host(group_of(owner))):
+                return reduce(owner, *args, **kwargs)
+            _cut_in_backward()
+            _in_reduction += 1
+            try:
+                return reduce(owner, *args, **kwargs)
+            finally:
+                _in_reduction -= 1
+
+        return wrapper
+
+    return wrap
+
+
+def _refresh_gradient_views(engine):
+    """Bring ZeRO's gradient buckets (the optimizer's `ipg_buckets`), and each parameter's `.grad` that is
+    a view of a buffer written since, up to date, so that the graph cut next reads them out of the buffer's
+    last version. A stale view would make that graph compute, and write out, the buffer as it was when the
+    view was made; a bucket written only through views keeps the value it was made with (ZeRO-1/2 make
+    it with `torch.empty` each step), and the graph would write that out too."""
+    tensors = []
+    for bucket in getattr(engine.optimizer, "ipg_buckets", {}).values():
+        tensors += bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer]
+    tensors += [param.grad for param in engine.module.parameters() if param.grad is not None]
+    for tensor in tensors:
+        if torch._is_functional_tensor(tensor):
+            torch._sync(tensor)
 
 
 def _reads_cut_the_graph(method, backward=False):
@@ -249,8 +282,8 @@ def _wrap_function(utils, name, wrap):
 
 
 def install(engine_module):
-    """Cut DeepSpeedEngine's graphs before host reads in backward/step, before gradients are flattened
-    for the host bridge, and after step; read the overflow check's answer once per step, answer a norm's
+    """Cut DeepSpeedEngine's graphs before host reads in backward/step, before gradients are reduced
+    through the host bridge, and after step; read the overflow check's answer once per step, answer a norm's
     validity once, and keep host values that no collective needs on the host (idempotent)."""
     from deepspeed.runtime import utils
     wrap_once(utils.CheckOverflow, "has_overflow_serial", _overflow_in_one_read)
@@ -263,4 +296,9 @@ def install(engine_module):
         wrap_once(engine, name, lambda method, name=name, when=when: _reads_cut_the_graph(_ending_in_a_sync(when)(method),
                                                                                            backward=name == "backward"))
     wrap_once(engine, "_take_model_step", _reads_cut_the_graph)
-    wrap_once(engine, "buffered_allreduce_fallback", _cut_before_flattening)
+    wrap_once(engine, "buffered_allreduce_fallback", _cut_before_reduction(lambda engine: engine.seq_data_parallel_group))
+    from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
+    from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
+    for optimizer, name in ((DeepSpeedZeroOptimizer, "reduce_ipg_grads"),
+                            (DeepSpeedZeroOptimizer_Stage3, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads")):
+        wrap_once(optimizer, name, _cut_before_reduction(lambda optimizer: optimizer.dp_process_group))

@@ -485,8 +485,8 @@ def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_pat
 
 
 # Optimised HLO of every graph a two-rank run of a three-layer MLP compiles, under the DeepSpeed config entries in
-# $DS_CONFIG (JSON): per graph, how many times it concatenates a whole gradient bucket of $BUCKET elements, and its
-# matmuls.
+# $DS_CONFIG (JSON): per graph, how many versions of a whole gradient bucket of $BUCKET elements it concatenates
+# (distinct lists of pieces: XLA may repeat one concatenation inside each fusion that reads it), and its matmuls.
 BUCKET_FILLS = textwrap.dedent("""
     import glob, json, os, re
     dump = os.environ["GRAPHS_OUT"] + "." + os.environ["RANK"]
@@ -507,17 +507,18 @@ BUCKET_FILLS = textwrap.dedent("""
         engine.step()
         loss.item()
     graphs = []
-    bucket = re.escape("[" + os.environ["BUCKET"] + "]{0} concatenate(")
+    bucket = re.escape("[" + os.environ["BUCKET"] + "]{0} concatenate(") + r"([^)]*)\\)"
     for path in sorted(glob.glob(dump + "/*after_optimizations.txt")):
         text = open(path).read()
-        graphs.append([len(re.findall(bucket, text)), len(re.findall(r" dot\\(", text))])
+        versions = {re.sub(r"\\.\\d+", "", pieces) for pieces in re.findall(bucket, text)}
+        graphs.append([len(versions), len(re.findall(r" dot\\(", text))])
     with open(dump + ".json", "w") as f:
         json.dump(graphs, f)
 """)
 
 
 def bucket_fills(tmp_path, config, bucket):
-    """Per rank, per graph of a two-rank BUCKET_FILLS run: [concatenations of a whole `bucket`, matmuls]."""
+    """Per rank, per graph of a two-rank BUCKET_FILLS run: [versions of a whole `bucket` concatenated, matmuls]."""
     return two_rank_results(tmp_path, BUCKET_FILLS, {"DS_CONFIG": json.dumps(config), "BUCKET": str(bucket)})
 
 
@@ -525,17 +526,17 @@ def bucket_fills(tmp_path, config, bucket):
 def test_the_backward_graph_fills_each_gradient_bucket_once(tmp_path):
     """DeepSpeed points each parameter's .grad at its slice of the gradient bucket as it copies the gradient
     in. On XLA that view keeps the bucket as it was then: cut before the bucket's all-reduce, the graph also
-    computed, and wrote out, the bucket with only the weight's gradient in it (in bf16 a second concatenation
-    of the whole bucket; with one bucket for the whole model, one per parameter)."""
-    # Buckets of 1,100 elements, one layer's 1,056 gradients each: its weight's, then its bias's.
+    computed, and wrote out, the bucket as it was before the later gradients came in (in bf16 a second
+    concatenation of the whole bucket, of fewer pieces; with one bucket for the whole model, one per parameter)."""
+    # Buckets of 1,100 elements: the first holds the last layer's bias and weight, then the middle layer's bias.
     config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 1100}, "bf16": {"enabled": True}}
     for rank, graphs in enumerate(bucket_fills(tmp_path, config, 1100)):
         # the graph cut before the first bucket's all-reduce: the forward pass and the last layer's backward
         most = max(matmuls for _, matmuls in graphs)
-        first_cut = [fills for fills, matmuls in graphs if matmuls == most]
-        assert first_cut and all(fills == 1 for fills in first_cut), (
-            f"rank {rank}: the graph cut before the first bucket's all-reduce concatenates a whole bucket "
-            f"{first_cut} times; it fills one bucket, with two gradients, once")
+        first_cut = [versions for versions, matmuls in graphs if matmuls == most]
+        assert first_cut and all(versions == 1 for versions in first_cut), (
+            f"rank {rank}: the graph cut before the first bucket's all-reduce concatenates {first_cut} versions of "
+            "a whole bucket; it fills one bucket, with three gradients, once")
 
 
 @pytest.mark.slow
@@ -548,6 +549,53 @@ def test_gradients_are_flattened_for_the_all_reduce_after_the_backward_graph(tmp
         assert flattening and not any(flattening), (
             f"rank {rank}: the graphs that flatten the gradient bucket hold {flattening} matmuls; the backward "
             "pass, which computes the gradients, is cut before the flattening")
+
+
+# A child script's one two-rank ZeRO-$STAGE step of a three-layer MLP (3,168 parameters), every parameter
+# partitioned: per graph it executes, [matmuls, elements of its outputs].
+STEP_OUTPUT_SIZES = EXECUTED_HLO + textwrap.dedent("""
+    import json, math, re, torch, deepspeed
+
+    deepspeed.init_distributed()
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.GELU()) for _ in range(3)])
+    x = torch.randn(8, 32, generator=torch.Generator().manual_seed(int(os.environ["RANK"])))
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config={
+        "train_micro_batch_size_per_gpu": 8, "optimizer": {"type": "AdamW", "params": {"lr": 0.01}},
+        "zero_optimization": {"stage": int(os.environ["STAGE"]), "stage3_param_persistence_threshold": 0}})
+
+    def step():
+        loss = engine(x.to(engine.device)).square().mean()
+        engine.backward(loss)
+        engine.step()
+        loss.item()
+
+    for _ in range(3):
+        step()
+    graphs = []
+    for module in executed_hlo(step).split("HloModule ")[1:]:
+        outputs = re.search(r"entry_computation_layout=\\{\\(.*?\\)->\\((.*?)\\)\\}", module).group(1)
+        elements = sum(math.prod(int(d) for d in dims.split(",") if d) for dims in re.findall(r"\\[([\\d,]*)\\]", outputs))
+        graphs.append([len(re.findall(r" dot\\(", module)), elements])
+    with open(os.environ["GRAPHS_OUT"] + "." + os.environ["RANK"] + ".json", "w") as f:
+        json.dump(graphs, f)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stage", [1, 3])
+def test_the_backward_graph_writes_out_the_bucket_not_the_reductions_views_of_it(tmp_path, stage):
+    """ZeRO's gradient reduction makes views of the bucket before its all-reduce or reduce-scatter (each
+    gradient's partitions, the flattened operand's chunks per rank). Every view alive when the graph is cut is
+    an output of its own: cut at the collective's read, the graph holding the backward pass wrote out 6
+    (ZeRO-1) and 9 (ZeRO-3) times the model's size per step; cut before the reduction, 2 (ZeRO-1: the bucket
+    and each gradient's view of it) and 3 (ZeRO-3)."""
+    parameters = 3 * (32 * 32 + 32)
+    for rank, graphs in enumerate(two_rank_results(tmp_path, STEP_OUTPUT_SIZES, {"STAGE": str(stage)})):
+        backward = [elements for matmuls, elements in graphs if matmuls]
+        assert len(backward) == 1 and backward[0] < 4 * parameters, (
+            f"rank {rank}: ZeRO-{stage}'s graphs holding the backward pass write out {backward} elements; one graph "
+            f"writing fewer than {4 * parameters} (4 times the model's {parameters} parameters) was expected")
 
 
 # A child script's steady ZeRO-{stage} training: a two-layer MLP's engine, its step(), three steps done.
