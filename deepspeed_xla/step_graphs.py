@@ -13,7 +13,11 @@ where the engine needs a value, as PyTorch/XLA's own loops mark a step before re
     `float()`: `aten::_local_scalar_dense`) on the engine's thread or in its backward pass (autograd
     runs XLA hooks on worker threads) first cuts the pending graph, so the value comes from the
     graph that computed everything traced so far, and nothing is computed twice; reads on other
-    threads (an asynchronous logging closure) are left alone;
+    threads (an asynchronous logging closure) are left alone. Inside `engine.step()` after a
+    backward pass whose gradient reduction began with a cut (below), a read computes only what it
+    reads: nothing of the backward pass is pending, and a cut would write out what is (the `.grad`
+    views of the reduced bucket, which the step frees unread: ZeRO-1 at 2 ranks 17 MB per step for a
+    16 MB model; 113 against 116 ms per step);
   - inside `engine.backward()`, the host bridge (PJRT CPU's transport) cuts the pending graph the
     same way before it reads a collective's operands: pending there are the forward and backward
     passes, which each later read (the next gradient bucket, the norm check, the loss) would run
@@ -80,6 +84,7 @@ _in_backward = 0  # how many of those are engine.backward()
 _engine_thread = None  # the thread that made the outermost of those calls
 _engine = None  # the engine of the outermost of those calls
 _in_reduction = 0  # depth of gradient reductions that began with a cut (their reads take only their operands)
+_backward_reduced = False  # the last engine.backward() reduced its gradients after a cut: none of it is pending
 
 
 def _engine_reads_now():
@@ -89,7 +94,7 @@ def _engine_reads_now():
 
 def _read_scalar(tensor):
     # torch_xla's own kernel is this transfer: only the cut before it is added.
-    if _engine_reads_now():
+    if _engine_reads_now() and not (_backward_reduced and not _in_backward):
         _refresh_gradient_views(_engine)
         runtime.sync(wait=False)
     return tensor.cpu().item()
@@ -119,10 +124,11 @@ def _cut_before_reduction(group_of):
 
         @functools.wraps(reduce)
         def wrapper(owner, *args, **kwargs):
-            global _in_reduction
+            global _in_reduction, _backward_reduced
             if not (_in_backward and _engine_reads_now() and comm.reads_on_host(group_of(owner))):
                 return reduce(owner, *args, **kwargs)
             _cut_in_backward()
+            _backward_reduced = True
             _in_reduction += 1
             try:
                 return reduce(owner, *args, **kwargs)
@@ -153,10 +159,11 @@ def _reads_cut_the_graph(method, backward=False):
 
     @functools.wraps(method)
     def wrapper(engine, *args, **kwargs):
-        global _in_engine_call, _in_backward, _engine_thread, _engine
+        global _in_engine_call, _in_backward, _engine_thread, _engine, _backward_reduced
         on_xla = engine.device.type == DEVICE_TYPE
         if on_xla and not _in_engine_call:
             _engine_thread, _engine = threading.get_ident(), engine
+            _backward_reduced = _backward_reduced and not backward
         _in_engine_call += on_xla
         _in_backward += on_xla and backward
         try:

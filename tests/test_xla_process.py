@@ -584,18 +584,25 @@ STEP_OUTPUT_SIZES = EXECUTED_HLO + textwrap.dedent("""
 
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", [1, 3])
-def test_the_backward_graph_writes_out_the_bucket_not_the_reductions_views_of_it(tmp_path, stage):
+def test_two_rank_zero_graphs_write_out_no_views_of_the_gradient_bucket(tmp_path, stage):
     """ZeRO's gradient reduction makes views of the bucket before its all-reduce or reduce-scatter (each
     gradient's partitions, the flattened operand's chunks per rank). Every view alive when the graph is cut is
     an output of its own: cut at the collective's read, the graph holding the backward pass wrote out 6
     (ZeRO-1) and 9 (ZeRO-3) times the model's size per step; cut before the reduction, 2 (ZeRO-1: the bucket
-    and each gradient's view of it) and 3 (ZeRO-3)."""
+    and each gradient's view of it) and 3 (ZeRO-3). Then, until the optimizer's graph, the step reads the
+    reduced gradients' norm: a cut there wrote out each `.grad` view of the reduced bucket (ZeRO-1: 1.8 times
+    the model, in the graph that reads one scalar), which the step frees unread."""
     parameters = 3 * (32 * 32 + 32)
     for rank, graphs in enumerate(two_rank_results(tmp_path, STEP_OUTPUT_SIZES, {"STAGE": str(stage)})):
-        backward = [elements for matmuls, elements in graphs if matmuls]
-        assert len(backward) == 1 and backward[0] < 4 * parameters, (
-            f"rank {rank}: ZeRO-{stage}'s graphs holding the backward pass write out {backward} elements; one graph "
-            f"writing fewer than {4 * parameters} (4 times the model's {parameters} parameters) was expected")
+        backward = [i for i, (matmuls, _) in enumerate(graphs) if matmuls]
+        assert len(backward) == 1 and graphs[backward[0]][1] < 4 * parameters, (
+            f"rank {rank}: ZeRO-{stage}'s graphs holding the backward pass write out "
+            f"{[graphs[i][1] for i in backward]} elements; one graph writing fewer than {4 * parameters} (4 times "
+            f"the model's {parameters} parameters) was expected")
+        between = [elements for _, elements in graphs[backward[0] + 1:-1]]
+        assert max(between) <= parameters, (
+            f"rank {rank}: ZeRO-{stage}'s graphs between the backward pass's and the optimizer's write out {between} "
+            f"elements; at most the model's {parameters} each (the bucket reduced) was expected")
 
 
 # A child script's steady ZeRO-{stage} training: a two-layer MLP's engine, its step(), three steps done.
