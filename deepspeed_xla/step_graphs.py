@@ -148,10 +148,10 @@ def _refresh_gradient_views(engine):
     it with `torch.empty` each step), and the graph would write that out too."""
     tensors = []
     for bucket in getattr(engine.optimizer, "ipg_buckets", {}).values():
-        tensors += bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer]
-    tensors += [param.grad for param in engine.module.parameters() if param.grad is not None]
+        tensors += bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer]  # ZeRO-1/2: a list
+    tensors += [param.grad for param in engine.module.parameters()]
     for tensor in tensors:
-        if torch._is_functional_tensor(tensor):
+        if tensor is not None and torch._is_functional_tensor(tensor):  # ZeRO-3 has no bucket without contiguous_gradients
             torch._sync(tensor)
 
 
