@@ -314,6 +314,9 @@ def main(argv=None):
     a one-line `harness: error:` on stderr for bad usage (argparse errors and stale DeepSpeed op build locks included)."""
     # A cancelled CI job gets SIGTERM: stop like a Ctrl-C (children stopped, report written, marked incomplete).
     signal.signal(signal.SIGTERM, _interrupt)
+    # Started with SIGINT ignored (a background job of a shell script), Python would ignore Ctrl-C here and pass
+    # the ignoring on to every child; a handler of our own is reset to the default in each child started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     extensions = environment.use_stack_extensions()
     try:
         args = _parser().parse_args(argv)

@@ -10,24 +10,28 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = str(REPO / "fixtures" / "collectives.py")
 
 
-def start_harness(tmp_path, suite, *args, env=None):
+def start_harness(tmp_path, suite, *args, env=None, sigint_ignored=False):
     """(process, run directory) of `python -m harness run --suite SUITE ARGS` in a session of its own,
-    which stands in for a terminal's foreground process group or a CI job."""
+    which stands in for a terminal's foreground process group or a CI job; with sigint_ignored, started
+    as a shell script's background job is (bash ignores SIGINT there, and the ignoring is inherited)."""
     out = tmp_path / "run"
     env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports"), **(env or {})}
+    ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", suite,
                              "--out", str(out), *args], cwd=REPO, env=env, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            preexec_fn=ignore_sigint, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     return proc, out
 
 
-def test_ctrl_c_writes_incomplete_report(tmp_path):
-    proc, out = start_harness(tmp_path, "interface")
+@pytest.mark.parametrize("sigint", ["handled", "ignored_at_start"])
+def test_ctrl_c_writes_incomplete_report(tmp_path, sigint):
+    proc, out = start_harness(tmp_path, "interface", sigint_ignored=sigint == "ignored_at_start")
     results = out / "parts" / "results.jsonl"
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and (not results.is_file() or len(results.read_text().splitlines()) < 20):
