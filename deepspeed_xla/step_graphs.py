@@ -95,15 +95,17 @@ def _engine_reads_now():
 def _read_scalar(tensor):
     # torch_xla's own kernel is this transfer: only the cut before it is added.
     if _engine_reads_now() and not (_backward_reduced and not _in_backward):
-        _refresh_gradient_views(_engine)
-        runtime.sync(wait=False)
+        _cut()
     return tensor.cpu().item()
 
 
-def _cut_in_backward():
-    if _in_backward and _engine_reads_now():
-        _refresh_gradient_views(_engine)
-        runtime.sync(wait=False)
+def _in_engine_backward():
+    return _in_backward and _engine_reads_now()
+
+
+def _cut():
+    _refresh_gradient_views(_engine)
+    runtime.sync(wait=False)
 
 
 def cut_before_collective_read():
@@ -111,8 +113,8 @@ def cut_before_collective_read():
     engine.backward(), on the engine's thread or in its backward pass, and outside a gradient
     reduction that began with a cut, cut the pending graph first (see the module's docstring);
     anywhere else do nothing, and the read computes only the operand."""
-    if not _in_reduction:
-        _cut_in_backward()
+    if not _in_reduction and _in_engine_backward():
+        _cut()
 
 
 def _cut_before_reduction(group_of):
@@ -125,9 +127,9 @@ def _cut_before_reduction(group_of):
         @functools.wraps(reduce)
         def wrapper(owner, *args, **kwargs):
             global _in_reduction, _backward_reduced
-            if not (_in_backward and _engine_reads_now() and comm.reads_on_host(group_of(owner))):
+            if not (_in_engine_backward() and comm.reads_on_host(group_of(owner))):
                 return reduce(owner, *args, **kwargs)
-            _cut_in_backward()
+            _cut()
             _backward_reduced = True
             _in_reduction += 1
             try:
