@@ -2,9 +2,9 @@
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
 within the model, the overflow check reads the device once, PJRT CPU's freed buffers stay with
-the process, a two-rank ZeRO-2 step runs its forward and backward passes once, a ZeRO step
-writes its parameters out only as their flat buffer, and a ZeRO-2 step reads its gradient partition
-in parameter order."""
+the process, a pipeline step compiles nothing after warm-up, a two-rank ZeRO-2 step runs its
+forward and backward passes once, a ZeRO step writes its parameters out only as their flat buffer,
+and a ZeRO-2 step reads its gradient partition in parameter order."""
 
 import json
 import re
@@ -228,6 +228,36 @@ def test_zero_norm_validity_is_read_once_per_norm_and_again_after_it_changes():
     result = last_json(run_python(code, "xla"))
     assert result == [[[False, False, True], [False, False], 2], [[True, True, False], [True, True], 2],
                       [[True, True, False], [True, True], 2]], result
+
+
+def test_pipeline_steps_compile_nothing_after_warm_up():
+    """PipelineEngine.train_batch takes its optimizer step without engine.step(); an fp32 step without
+    ZeRO reads nothing on the host, so unless the step ends in a sync each update stays pending and
+    the next step's graph holds all of them: one more compilation every step, each step slower."""
+    code = textwrap.dedent("""
+        import json, torch, deepspeed
+        import torch_xla.debug.metrics as metrics
+        from deepspeed.pipe import PipelineModule
+        deepspeed.init_distributed()
+        torch.manual_seed(0)
+        model = PipelineModule(layers=[torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)], num_stages=1,
+                               loss_fn=torch.nn.MSELoss())
+        engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={
+            "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 2,
+            "optimizer": {"type": "AdamW", "params": {"lr": 0.01}}, "steps_per_print": 1000})
+        g = torch.Generator().manual_seed(1)
+        def batches():
+            while True:
+                yield torch.randn(4, 8, generator=g).to(engine.device), torch.randn(4, 4, generator=g).to(engine.device)
+        data, compilations = batches(), []
+        for _ in range(6):
+            engine.train_batch(data_iter=data).item()
+            compilations.append((metrics.metric_data("CompileTime") or [0])[0])
+        print(json.dumps(compilations))
+    """)
+    compilations = last_json(run_python(code, "xla", single_rank_env()))
+    # the first two steps compile (optimizer state made, then the steady step); none after
+    assert compilations[2:] == [compilations[2]] * 4, f"compilations after each pipeline step: {compilations}"
 
 
 def test_profiler_ranges_name_the_ops_inside_them_without_looking_for_jax_each_time():
