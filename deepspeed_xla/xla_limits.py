@@ -11,9 +11,14 @@ sparse embedding's backward: `NotImplementedError ... 'SparseXLA' backend`).
 * an fp16 config where the device has no fp16 arithmetic (TPUs, and PJRT CPU standing in for
   them): DeepSpeed refuses it too, with "Type fp16 is not supported on your device.", which
   names neither the device nor what to use; the same refusal here names both (bf16).
+
+A refusal the script does not catch ends the process as any uncaught exception does (exit status
+1), printed as its one line without the traceback: the line says all there is to fix, and under
+the launcher every rank prints it. Other uncaught exceptions keep Python's report.
 """
 
 import functools
+import sys
 
 import torch
 
@@ -40,11 +45,26 @@ def _refuse_sparse_training(module, args):
 _hook = None
 
 
+def _refusals_in_one_line(previous):
+
+    def excepthook(kind, value, traceback):
+        if issubclass(kind, UnsupportedOnXla):
+            print(f"{kind.__name__}: {value}", file=sys.stderr, flush=True)
+        else:
+            previous(kind, value, traceback)
+
+    excepthook.ds_xla_refusals = True
+    return excepthook
+
+
 def install():
-    """Refuse training a sparse embedding on XLA, in every module's forward (idempotent)."""
+    """Refuse training a sparse embedding on XLA, in every module's forward, and print an uncaught
+    refusal as its one line (idempotent)."""
     global _hook
     if _hook is None:
         _hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_sparse_training)
+    if not getattr(sys.excepthook, "ds_xla_refusals", False):
+        sys.excepthook = _refusals_in_one_line(sys.excepthook)
 
 
 def _fp16_refused_naming_bf16(do_sanity_check):

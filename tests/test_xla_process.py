@@ -328,7 +328,7 @@ def test_sparse_embedding_is_refused_in_one_line(sparse):
     if not sparse:
         assert proc.returncode == 0 and "trained" in proc.stdout, proc.stderr[-2000:]
         return
-    assert proc.returncode != 0
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert ("UnsupportedOnXla: deepspeed_xla: Embedding(10, 3, sparse=True) cannot train on XLA, which has no sparse "
             "gradients; build it with sparse=False") in proc.stderr, proc.stderr[-2000:]
     assert "SparseXLA" not in proc.stderr, "the error came from inside torch_xla, not from the check"
@@ -336,11 +336,19 @@ def test_sparse_embedding_is_refused_in_one_line(sparse):
 
 def test_fp16_config_is_refused_where_the_device_has_no_fp16():
     proc = run_python(TRAIN_ONE_STEP.format(sparse=False, extra='"fp16": {"enabled": True}'), "xla", single_rank_env())
-    assert proc.returncode != 0 and (
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert (
         "UnsupportedOnXla: deepspeed_xla: the config enables fp16, which PJRT CPU (which stands in for a TPU) does not "
         'compute (of XLA devices, only GPUs do); train in bf16 instead: "bf16": {"enabled": true} in place of the '
         '"fp16" section') in proc.stderr, proc.stderr[-2000:]
     assert "Type fp16 is not supported" not in proc.stderr, "DeepSpeed's own refusal came first"
+
+
+def test_other_uncaught_exceptions_keep_their_traceback():
+    proc = run_python("import deepspeed\nfrom deepspeed.accelerator import get_accelerator\nget_accelerator()\n"
+                      "raise KeyError('not a refusal')", "xla", single_rank_env())
+    assert proc.returncode == 1 and "Traceback" in proc.stderr and "KeyError: 'not a refusal'" in proc.stderr, (
+        proc.stderr[-2000:])
 
 
 def test_compile_backends_that_cannot_compile_xla_tensors_are_refused():
