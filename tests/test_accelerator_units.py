@@ -3,7 +3,8 @@
 The accelerator interface itself (every DeepSpeed method, for any candidate) is checked
 by the conformance suite; these tests pin down the choices this package makes: how
 DeepSpeed's device indices map to the process's device, how RNG state is encoded,
-which kernels the op-builder rule hands out, and the torch_xla corrections it installs.
+which kernels the op-builder rule hands out, and the torch_xla corrections it installs (batch
+normalization's running variance among them).
 """
 
 import math
@@ -345,3 +346,27 @@ def test_lamb_matches_deepspeed_kernel_arithmetic(eps_mode):
     torch.testing.assert_close(param.cpu().double(), expected, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(exp_avg.cpu().double(), m, rtol=1e-6, atol=1e-8)
     assert ratio.shape == (1, ) and ratio.item() == pytest.approx(trust, rel=1e-6)
+
+
+@pytest.mark.parametrize("momentum", [0.1, None], ids=["momentum", "cumulative"])
+@pytest.mark.parametrize("shape", [(8, 4), (4, 3, 5, 5)], ids=["BatchNorm1d", "BatchNorm2d"])
+def test_batch_norm_running_statistics_match_pytorch(accel, shape, momentum):
+    # PyTorch blends the batch's unbiased variance into running_var; torch_xla 2.9 blended the biased one.
+    layer = {2: torch.nn.BatchNorm1d, 4: torch.nn.BatchNorm2d}[len(shape)]
+    torch.manual_seed(0)
+    on_cpu = layer(shape[1], momentum=momentum)
+    on_xla = layer(shape[1], momentum=momentum).to(XLA)
+    batches = [torch.randn(shape) * 3 + 1 for _ in range(3)]
+    for x in batches:
+        expected, got = on_cpu(x), on_xla(x.to(XLA))
+        torch.testing.assert_close(got.cpu(), expected, msg=lambda m: f"{layer.__name__} training output: {m}")
+        expected.pow(2).mean().backward()
+        got.pow(2).mean().backward()
+    torch.testing.assert_close(on_xla.weight.grad.cpu(), on_cpu.weight.grad,
+                               msg=lambda m: f"{layer.__name__}.weight.grad on XLA: {m}")
+    for name in ("running_mean", "running_var"):
+        torch.testing.assert_close(getattr(on_xla, name).cpu(), getattr(on_cpu, name),
+                                   msg=lambda m, name=name: f"{layer.__name__}.{name} after 3 steps on XLA: {m}")
+    on_cpu.eval(), on_xla.eval()
+    torch.testing.assert_close(on_xla(batches[0].to(XLA)).cpu(), on_cpu(batches[0]),
+                               msg=lambda m: f"{layer.__name__} eval output after training: {m}")

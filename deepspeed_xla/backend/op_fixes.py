@@ -1,4 +1,4 @@
-"""Corrections to PyTorch/XLA operator kernels that DeepSpeed depends on.
+"""Corrections to PyTorch/XLA operators that DeepSpeed, and the models it trains, depend on.
 
 torch_xla 2.9 lowers `amax`/`amin` called with the default `dim=()` as "reduce over no
 dimension" and returns the input unchanged, where PyTorch reduces over every
@@ -28,13 +28,24 @@ update a pass over the whole buffer (DeepSpeed's bf16 ZeRO-1 step of a 4.2M-para
 passes in one graph). XLA folds a pair of bitcasts and leaves integers alone, so the bf16 chain
 becomes one concatenation, as in fp32.
 
+Batch normalization in training (`torch.nn.functional.batch_norm`, which every `nn.BatchNorm*d`
+calls) normalizes with the batch's biased variance and, in PyTorch, blends the unbiased one
+(n / (n - 1) times it, n values per channel) into `running_var`. torch_xla 2.9's
+`native_batch_norm` blends the biased one: running statistics drift from CPU and CUDA's by that
+factor each step, and eval-mode outputs differ (a BatchNorm1d over batches of 8: 1-2% in eval
+loss after a few epochs, training losses equal). The wrapper leaves the forward to torch_xla and
+rescales only the variance's share of the blend, on XLA tensors in training.
+
 `replace_xla_kernels` is how deepspeed_xla puts any kernel of its own on the XLA dispatch key
 (step_graphs.py's host read too).
 """
 
+import functools
 import warnings
 
 import torch
+
+from xla_host.import_hooks import wrap_once
 
 # XLA's integer type of the same width, for moving 16-bit floating-point values as bits.
 _BITS_TYPES = {torch.bfloat16: ("bf16", "s16"), torch.float16: ("f16", "s16")}
@@ -111,6 +122,23 @@ def _slice_scatter_as_bits(base, src, dim, start, end):
     return _bits_slice_scatter(base, src, dim=dim, start=start, end=end, float_type=float_type, bits_type=bits_type)
 
 
+def _running_var_unbiased(batch_norm):
+
+    @functools.wraps(batch_norm)
+    def wrapper(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+        if not (training and running_var is not None and momentum and input.device.type == "xla"):
+            return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        kept = (1 - momentum) * running_var.detach()
+        out = batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+        n = input.numel() // input.size(1)  # values per channel; F.batch_norm refuses n == 1 in training
+        # Through .data: autograd saved running_var at the version the op left it (its backward in training
+        # reads only the batch statistics), so this write must not count as a change of it.
+        running_var.data.copy_(kept + (running_var.detach() - kept) * (n / (n - 1)))
+        return out
+
+    return wrapper
+
+
 def replace_xla_kernels(kernels):
     """Register `kernels` ({aten op name: kernel}) for the XLA dispatch key in place of torch_xla's;
     an op already registered here is left as it is (each at most once per process)."""
@@ -127,6 +155,8 @@ def replace_xla_kernels(kernels):
 
 
 def install():
-    """Register the corrected kernels for the XLA dispatch key (once per process)."""
+    """Register the corrected kernels for the XLA dispatch key, and correct batch normalization's
+    running variance on XLA (once per process)."""
     replace_xla_kernels({"amax": _reduce_all(torch.ops.aten.max.dim), "amin": _reduce_all(torch.ops.aten.min.dim),
                          "slice_scatter": _slice_scatter})
+    wrap_once(torch.nn.functional, "batch_norm", _running_var_unbiased)
