@@ -34,7 +34,9 @@ calls) normalizes with the batch's biased variance and, in PyTorch, blends the u
 `native_batch_norm` blends the biased one: running statistics drift from CPU and CUDA's by that
 factor each step, and eval-mode outputs differ (a BatchNorm1d over batches of 8: 1-2% in eval
 loss after a few epochs, training losses equal). The wrapper leaves the forward to torch_xla and
-rescales only the variance's share of the blend, on XLA tensors in training.
+rescales only the variance's share of the blend, on XLA tensors in training, in eager mode. Under
+`torch.compile` (`openxla`) the graph is built from PyTorch's own decomposition of batch normalization,
+which blends the unbiased variance already: there the rescaling would count it twice.
 
 `replace_xla_kernels` is how deepspeed_xla puts any kernel of its own on the XLA dispatch key
 (step_graphs.py's host read too).
@@ -126,7 +128,9 @@ def _running_var_unbiased(batch_norm):
 
     @functools.wraps(batch_norm)
     def wrapper(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
-        if not (training and running_var is not None and momentum and input.device.type == "xla"):
+        # Under torch.compile PyTorch's decomposition of the op already blends the unbiased variance.
+        if torch.compiler.is_compiling() or not (
+                training and running_var is not None and momentum and input.device.type == "xla"):
             return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
         kept = (1 - momentum) * running_var.detach()
         out = batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
