@@ -378,10 +378,10 @@ def test_batch_norm_running_variance_under_torch_compile_matches_pytorch(accel):
     on_cpu = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6))
     on_xla = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.BatchNorm1d(6)).to(XLA)
     on_xla.load_state_dict(on_cpu.state_dict())
-    compiled = torch.compile(on_xla, backend="openxla")
+    on_xla.compile(backend="openxla")
     for _ in range(3):
         x = torch.randn(8, 4)
         on_cpu(x).sum().backward()
-        compiled(x.to(XLA)).sum().backward()
+        on_xla(x.to(XLA)).sum().backward()
     torch.testing.assert_close(on_xla[1].running_var.cpu(), on_cpu[1].running_var,
                                msg=lambda m: f"BatchNorm1d.running_var after 3 compiled steps on XLA: {m}")
