@@ -53,7 +53,6 @@ def _refusals_in_one_line(previous):
         else:
             previous(kind, value, traceback)
 
-    excepthook.ds_xla_refusals = True
     return excepthook
 
 
@@ -63,8 +62,7 @@ def install():
     global _hook
     if _hook is None:
         _hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_sparse_training)
-    if not getattr(sys.excepthook, "ds_xla_refusals", False):
-        sys.excepthook = _refusals_in_one_line(sys.excepthook)
+    wrap_once(sys, "excepthook", _refusals_in_one_line)
 
 
 def _fp16_refused_naming_bf16(do_sanity_check):

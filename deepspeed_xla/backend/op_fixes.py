@@ -49,6 +49,8 @@ import torch
 
 from xla_host.import_hooks import wrap_once
 
+from . import DEVICE_TYPE
+
 # XLA's integer type of the same width, for moving 16-bit floating-point values as bits.
 _BITS_TYPES = {torch.bfloat16: ("bf16", "s16"), torch.float16: ("f16", "s16")}
 _bits_slice_scatter = None  # the registered XLA computation, made on first use
@@ -130,7 +132,7 @@ def _running_var_unbiased(batch_norm):
     def wrapper(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
         # Under torch.compile PyTorch's decomposition of the op already blends the unbiased variance.
         if torch.compiler.is_compiling() or not (
-                training and running_var is not None and momentum and input.device.type == "xla"):
+                training and running_var is not None and momentum and input.device.type == DEVICE_TYPE):
             return batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
         kept = (1 - momentum) * running_var.detach()
         out = batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
