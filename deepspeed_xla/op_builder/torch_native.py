@@ -3,6 +3,11 @@
 Each function has the signature of the CUDA kernel it replaces (called through
 DeepSpeed's `multi_tensor_applier`) and the same arithmetic: the update is computed in
 fp32 whatever the storage dtype, then written back in place into params and states.
+
+An fp32 parameter is updated with in-place arithmetic (`sub_`, `mul_`), not by `copy_` of
+the new value: with `copy_`, torch_xla 2.9 donates the parameter's buffer to another of
+the step's outputs (an optimizer moment of the same shape), and XLA then copies both
+buffers in every step's graph. The arithmetic is the same either way.
 """
 
 import math
@@ -26,7 +31,10 @@ def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps
         update = (m / bias_correction1) / ((v / bias_correction2).sqrt() + eps)
         if adam_w_mode and weight_decay != 0:
             update = update + weight_decay * p
-        param.copy_(p - lr * update)
+        if p is param:
+            param.sub_(lr * update)
+        else:
+            param.copy_(p - lr * update)
         exp_avg.copy_(m)
         exp_avg_sq.copy_(v)
 
@@ -39,7 +47,10 @@ def multi_tensor_lion(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, ste
         g, p, m = grad.float(), param.float(), exp_avg.float()
         c = beta1 * m + (1 - beta1) * g
         update = torch.where(c > 0, -lr, lr)
-        param.copy_(p * (1 - lr * weight_decay) + update)
+        if p is param:
+            param.mul_(1 - lr * weight_decay).add_(update)
+        else:
+            param.copy_(p * (1 - lr * weight_decay) + update)
         exp_avg.copy_(beta2 * m + (1 - beta2) * g)
 
 
@@ -61,7 +72,10 @@ def lamb(param, param_copy, exp_avg, exp_avg_sq, grad, lr, beta1, beta2, max_coe
     weight_norm, update_norm = p.norm(), update.norm()
     trust = torch.where((weight_norm != 0) & (update_norm != 0),
                         (weight_norm / update_norm).clamp(min_coeff, max_coeff), torch.ones_like(weight_norm))
-    param.copy_(p - step_size * trust * update)
+    if p is param:
+        param.sub_(step_size * trust * update)
+    else:
+        param.copy_(p - step_size * trust * update)
     exp_avg.copy_(m)
     exp_avg_sq.copy_(v)
     if param_copy.numel() > 0:
