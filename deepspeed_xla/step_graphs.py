@@ -57,6 +57,11 @@ where the engine needs a value, as PyTorch/XLA's own loops mark a step before re
     bf16 without ZeRO uses) asks each gradient in turn whether it holds inf or NaN, one host read
     and one graph execution per parameter tensor; on XLA the per-gradient answers are combined on
     the device and read once. The answer is the same: whether any gradient has inf or NaN.
+  - the inf/NaN test of one gradient (`has_inf_or_nan`, which every overflow check calls) is, on XLA,
+    whether all elements are finite: one reduction that XLA fuses with the test, where DeepSpeed's
+    `amax` and `amin` ran two that XLA CPU lowers as windowed reductions (a 2-rank bf16 ZeRO-1
+    partition of a 4.2M-parameter MLP: 3.9 against 0.7 ms). The answer is the same, and fused, the
+    elementwise test allocates no mask (DeepSpeed's reason for reducing first).
   - ZeRO-1/2's step asks `is_invalid_grad_norm` twice about the same norm tensor (the overflow
     check in `step`, then the clipping check in `unscale_and_clip_grads`); on XLA the verdict is
     kept on the tensor for as long as the tensor is unchanged (its version counter), so the second
@@ -212,6 +217,17 @@ def _outside_step(engine):
     return _in_engine_call == 1
 
 
+def _finiteness_in_one_reduction(has_inf_or_nan):
+
+    @functools.wraps(has_inf_or_nan)
+    def wrapper(x):
+        if x.device.type != DEVICE_TYPE or x.is_sparse or x.numel() == 0:
+            return has_inf_or_nan(x)
+        return torch.isfinite(x).all().logical_not()
+
+    return wrapper
+
+
 def _overflow_in_one_read(has_overflow_serial):
 
     @functools.wraps(has_overflow_serial)
@@ -301,12 +317,14 @@ def _wrap_function(utils, name, wrap):
 
 def install(engine_module):
     """Cut DeepSpeedEngine's graphs before host reads in backward/step, before gradients are reduced
-    through the host bridge, and after step; read the overflow check's answer once per step, answer a norm's
-    validity once, and keep host values that no collective needs on the host (idempotent)."""
+    through the host bridge, and after step; test gradients for inf/NaN in one reduction, read the overflow
+    check's answer once per step, answer a norm's validity once, and keep host values that no collective needs
+    on the host (idempotent)."""
     from deepspeed.runtime import utils
     wrap_once(utils.CheckOverflow, "has_overflow_serial", _overflow_in_one_read)
     wrap_once(utils.CheckOverflow, "has_overflow", _round_trip_on_host(_overflow_is_exchanged))
     _wrap_function(utils, "is_invalid_grad_norm", _norm_verdict_kept)
+    _wrap_function(utils, "has_inf_or_nan", _finiteness_in_one_reduction)
     _wrap_function(utils, "get_flattened_grad_norm", _round_trip_on_host(_norm_is_exchanged))
     op_fixes.replace_xla_kernels({"_local_scalar_dense": _read_scalar})
     engine = engine_module.DeepSpeedEngine

@@ -1,7 +1,8 @@
 """What a DS_ACCELERATOR=xla process gets beyond the accelerator's methods, each in a fresh
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
-within the model, the overflow check reads the device once, PJRT CPU's freed buffers stay with
+within the model, the overflow check reads the device once and tests each gradient in one
+reduction, PJRT CPU's freed buffers stay with
 the process, a pipeline step compiles nothing after warm-up, a two-rank ZeRO-2 step runs its
 forward and backward passes once, a ZeRO step writes its parameters out only as their flat buffer,
 a ZeRO-2 step reads its gradient partition in parameter order, and the optimizer kernels update
@@ -152,6 +153,40 @@ def test_overflow_check_reads_the_device_once_and_answers_as_on_the_host():
     """)
     result = last_json(run_python(code, "xla"))
     assert result == {"None": [False, False, 1], "0": [True, True, 1], "5": [True, True, 1], "7": [True, True, 1]}, result
+
+
+def test_gradient_inf_nan_test_is_one_reduction_with_deepspeeds_answers():
+    """Every overflow check asks DeepSpeed's `has_inf_or_nan` about each gradient: an `amax` and an
+    `amin`, two reductions that XLA CPU lowers as windowed reductions (a 2-rank bf16 ZeRO-1 step spent
+    16 ms per step on them). On XLA the test is whether every element is finite, one reduction, and
+    answers as DeepSpeed's does on the CPU for every kind of value."""
+    code = textwrap.dedent("""
+        import json, re, torch, deepspeed, torch_xla
+        from deepspeed.runtime.zero import stage_1_and_2
+
+        answers = {}
+        for dtype in (torch.float32, torch.bfloat16, torch.int32):
+            for bad in (None, "inf", "-inf", "nan"):
+                if bad and dtype == torch.int32:
+                    continue
+                x = torch.arange(512).reshape(8, 64).to(dtype)
+                if bad:
+                    x[5, 7] = float(bad)
+                answers[f"{dtype} {bad}"] = [stage_1_and_2.has_inf_or_nan(x.to(torch_xla.device())).item(),
+                                             stage_1_and_2.has_inf_or_nan(x).item()]
+        empty = torch.zeros(0)
+        answers["empty"] = [stage_1_and_2.has_inf_or_nan(empty.to(torch_xla.device())).item(),
+                            stage_1_and_2.has_inf_or_nan(empty).item()]
+        flag = stage_1_and_2.has_inf_or_nan(torch.ones(8, 64, dtype=torch.bfloat16).to(torch_xla.device()))
+        hlo = torch_xla._XLAC._get_xla_tensors_hlo([flag])
+        print(json.dumps({"answers": answers, "reductions": len(re.findall(r" reduce\\(", hlo))}))
+    """)
+    result = last_json(run_python(code, "xla"))
+    differing = {case: pair for case, pair in result["answers"].items() if pair[0] != pair[1]}
+    assert not differing and len(result["answers"]) == 10, (
+        f"has_inf_or_nan on XLA answers [xla, cpu] differently for {differing} (all: {result['answers']})")
+    assert result["reductions"] == 1, (
+        f"testing one gradient for inf/NaN on XLA takes {result['reductions']} reductions; one is enough")
 
 
 def test_host_values_no_group_needs_stay_on_the_host():
