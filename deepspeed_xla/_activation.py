@@ -19,7 +19,7 @@ from . import backend
 def _install_accelerator(module):
     from .launch import is_launcher_parent
     launcher_parent = is_launcher_parent()
-    from .accelerator import XLA_Accelerator
+    from ._xla_accelerator import XLA_Accelerator
     try:
         if not launcher_parent:
             backend.load()  # workers must load it before DeepSpeed touches a device

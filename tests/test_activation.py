@@ -44,6 +44,28 @@ def test_ds_accelerator_xla_selects_xla_accelerator():
         f"with DS_ACCELERATOR=xla, `import deepspeed` gave {result['accelerator']}: the start-up hook did not act")
 
 
+@pytest.mark.parametrize("first", ["deepspeed_xla.accelerator", "deepspeed_xla.op_builder",
+                                   "deepspeed_xla.op_builder.torch_native", "deepspeed_xla.op_builder.registry"])
+def test_a_script_may_import_the_accelerator_before_deepspeed(first):
+    """DeepSpeed builds the accelerator and binds its op builders while it is being imported. A script that
+    imported one of these modules first (`from deepspeed_xla.accelerator import XLA_Accelerator`, then
+    `import deepspeed`) made DeepSpeed build them from a module still half loaded: a circular ImportError."""
+    code = textwrap.dedent(f"""
+        import json
+        import {first}
+        import deepspeed
+        from deepspeed.accelerator import get_accelerator
+        from deepspeed.ops.op_builder import FusedAdamBuilder
+        from deepspeed_xla.accelerator import XLA_Accelerator
+        from deepspeed_xla.op_builder import torch_native
+        print(json.dumps({{"xla_accelerator": isinstance(get_accelerator(), XLA_Accelerator),
+                           "torch_native_adam": FusedAdamBuilder().load() is torch_native.fused_adam}}))
+    """)
+    result = last_json(run_python(code, "xla"))
+    assert result == {"xla_accelerator": True, "torch_native_adam": True}, (
+        f"importing {first} before deepspeed (DS_ACCELERATOR=xla) gave {result}")
+
+
 @pytest.mark.parametrize("accelerator", [None, "cpu"], ids=["unset", "cpu"])
 def test_other_values_leave_deepspeed_untouched(accelerator):
     result = last_json(run_python(REPORT, accelerator))
@@ -117,7 +139,7 @@ def test_activate_installs_before_deepspeed_binds_op_builders():
         print(json.dumps({"accelerator": type(accelerator).__name__, "builder": FusedAdamBuilder.__module__}))
     """)
     result = last_json(run_python(code, None))
-    assert result == {"accelerator": "XLA_Accelerator", "builder": "deepspeed_xla.op_builder"}, (
+    assert result == {"accelerator": "XLA_Accelerator", "builder": "deepspeed_xla.op_builder.builder"}, (
         f"deepspeed_xla.activate() gave {result}: DeepSpeed's optimizers would not get the XLA kernels")
 
 
