@@ -6,11 +6,9 @@ DeepSpeed build it from a module still half loaded; DeepSpeed is therefore impor
 and builds it from _xla_accelerator.py, whatever the order of a script's imports.
 """
 
-import sys
+# First, as said above; inside DeepSpeed's own import (the usual order) this finds it already loading.
+import deepspeed  # noqa: F401
 
-if "deepspeed" not in sys.modules:
-    import deepspeed  # noqa: F401
-
-from ._xla_accelerator import XLA_Accelerator  # noqa: E402
+from ._xla_accelerator import XLA_Accelerator
 
 __all__ = ["XLA_Accelerator"]

@@ -2,11 +2,10 @@
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
 within the model, the overflow check reads the device once and tests each gradient in one
-reduction, PJRT CPU's freed buffers stay with
-the process, a pipeline step compiles nothing after warm-up, a two-rank ZeRO-2 step runs its
-forward and backward passes once, a ZeRO step writes its parameters out only as their flat buffer,
-a ZeRO-2 step reads its gradient partition in parameter order, and the optimizer kernels update
-their buffers in place."""
+reduction, PJRT CPU's freed buffers stay with the process, a pipeline step compiles nothing after
+warm-up, a two-rank ZeRO-2 step runs its forward and backward passes once, a ZeRO step writes its
+parameters out only as their flat buffer, a ZeRO-2 step reads its gradient partition in parameter
+order, and the optimizer kernels update their buffers in place."""
 
 import json
 import re
@@ -561,14 +560,22 @@ def test_a_two_rank_zero2_step_runs_its_forward_and_backward_passes_once(tmp_pat
             f"{counts['hand']}: part of the forward and backward passes ran more than once")
 
 
+# Prelude of a child script: XLA dumps the optimised HLO of every graph it compiles (under $GRAPHS_OUT.<rank>);
+# optimized_hlo() returns their texts in the order they were compiled.
+OPTIMIZED_HLO = textwrap.dedent("""
+    import glob, os
+    dump = os.environ["GRAPHS_OUT"] + "." + os.environ.get("RANK", "0")
+    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=" + dump
+
+    def optimized_hlo():
+        return [open(path).read() for path in sorted(glob.glob(dump + "/*after_optimizations.txt"))]
+""")
+
 # Optimised HLO of every graph a two-rank run of a three-layer MLP compiles, under the DeepSpeed config entries in
 # $DS_CONFIG (JSON): per graph, how many versions of a whole gradient bucket of $BUCKET elements it concatenates
 # (distinct lists of pieces: XLA may repeat one concatenation inside each fusion that reads it), and its matmuls.
-BUCKET_FILLS = textwrap.dedent("""
-    import glob, json, os, re
-    dump = os.environ["GRAPHS_OUT"] + "." + os.environ["RANK"]
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=" + dump
-    import torch, deepspeed
+BUCKET_FILLS = OPTIMIZED_HLO + textwrap.dedent("""
+    import json, re, torch, deepspeed
 
     deepspeed.init_distributed()
     torch.manual_seed(0)
@@ -585,8 +592,7 @@ BUCKET_FILLS = textwrap.dedent("""
         loss.item()
     graphs = []
     bucket = re.escape("[" + os.environ["BUCKET"] + "]{0} concatenate(") + r"([^)]*)\\)"
-    for path in sorted(glob.glob(dump + "/*after_optimizations.txt")):
-        text = open(path).read()
+    for text in optimized_hlo():
         versions = {re.sub(r"\\.\\d+", "", pieces) for pieces in re.findall(bucket, text)}
         graphs.append([len(versions), len(re.findall(r" dot\\(", text))])
     with open(dump + ".json", "w") as f:
@@ -759,11 +765,8 @@ def test_zero2_step_reads_the_gradient_partition_in_parameter_order(tmp_path):
 
 # A child script's three steps of one of the optimizer kernels DeepSpeed loads on XLA ($KERNEL) on fp32 buffers of 12,345
 # elements: per graph XLA compiled, the copies of such a buffer it makes.
-OPTIMIZER_BUFFER_COPIES = textwrap.dedent("""
-    import glob, json, os, re
-    dump = os.environ["GRAPHS_OUT"]
-    os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_dump_to=" + dump
-    import torch, torch_xla
+OPTIMIZER_BUFFER_COPIES = OPTIMIZED_HLO + textwrap.dedent("""
+    import json, re, torch, torch_xla
     from deepspeed.ops.op_builder import FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder
 
     device = torch_xla.device()
@@ -781,8 +784,7 @@ OPTIMIZER_BUFFER_COPIES = textwrap.dedent("""
     for step in range(1, 4):
         kernels[os.environ["KERNEL"]](step, grad * step)
         torch_xla.sync()
-    copies = [len(re.findall(r"= f32\\[12345\\]\\{0\\} copy\\(", open(path).read()))
-              for path in sorted(glob.glob(dump + "/*after_optimizations.txt"))]
+    copies = [len(re.findall(r"= f32\\[12345\\]\\{0\\} copy\\(", text)) for text in optimized_hlo()]
     print(json.dumps({"copies": copies}))
 """)
 

@@ -7,12 +7,10 @@ a package still half loaded; DeepSpeed is therefore imported first, whatever the
 script's imports.
 """
 
-import sys
+# First, as said above; inside DeepSpeed's own import (the usual order) this finds it already loading.
+import deepspeed  # noqa: F401
 
-if "deepspeed" not in sys.modules:
-    import deepspeed  # noqa: F401
-
-from .builder import (FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder, NotAvailableOnXlaBuilder,  # noqa: E402
+from .builder import (FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder, NotAvailableOnXlaBuilder,
                       TorchNativeBuilder, builder_class_names, deepspeed_builder_classes, get_builder_class)
 
 __all__ = ["FusedAdamBuilder", "FusedLambBuilder", "FusedLionBuilder", "NotAvailableOnXlaBuilder", "TorchNativeBuilder",

@@ -16,6 +16,14 @@ import types
 import torch
 
 
+def _subtract(param, p, decrement):
+    # param = p - decrement, where p is param computed in fp32: in place when that is param itself.
+    if p is param:
+        param.sub_(decrement)
+    else:
+        param.copy_(p - decrement)
+
+
 @torch.no_grad()
 def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps, step, adam_w_mode,
                       bias_correction, weight_decay):
@@ -31,10 +39,7 @@ def multi_tensor_adam(chunk_size, noop_flag, tensor_lists, lr, beta1, beta2, eps
         update = (m / bias_correction1) / ((v / bias_correction2).sqrt() + eps)
         if adam_w_mode and weight_decay != 0:
             update = update + weight_decay * p
-        if p is param:
-            param.sub_(lr * update)
-        else:
-            param.copy_(p - lr * update)
+        _subtract(param, p, lr * update)
         exp_avg.copy_(m)
         exp_avg_sq.copy_(v)
 
@@ -72,10 +77,7 @@ def lamb(param, param_copy, exp_avg, exp_avg_sq, grad, lr, beta1, beta2, max_coe
     weight_norm, update_norm = p.norm(), update.norm()
     trust = torch.where((weight_norm != 0) & (update_norm != 0),
                         (weight_norm / update_norm).clamp(min_coeff, max_coeff), torch.ones_like(weight_norm))
-    if p is param:
-        param.sub_(step_size * trust * update)
-    else:
-        param.copy_(p - step_size * trust * update)
+    _subtract(param, p, step_size * trust * update)
     exp_avg.copy_(m)
     exp_avg_sq.copy_(v)
     if param_copy.numel() > 0:
