@@ -213,3 +213,7 @@ def test_include_and_env_file_end_to_end(tmp_path):
         assert report["device"] == "xla:0" and report["backend"] == "xla_ds"
         assert report["all_reduce"] == 2.0
         assert env["DS_XLA_FROM_HOME"] == "home" and env["DS_XLA_SHARED"] == "cwd=yes"
+    # PJRT CPU's local ranks run on shares of the launcher's cores (backend/core_binding.py).
+    cores = [set(json.loads((out / f"rank{rank}.json").read_text())["cores"]) for rank in range(2)]
+    assert cores[0] | cores[1] == os.sched_getaffinity(0), f"the ranks' cores {cores} do not cover the launcher's"
+    assert len(os.sched_getaffinity(0)) < 2 or not cores[0] & cores[1], f"the two ranks share cores: {cores}"

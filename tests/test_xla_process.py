@@ -2,18 +2,22 @@
 interpreter as a user script would start: DeepSpeed's op registry lists every op, a CPU
 backward pass before training does not break XLA's autograd, ZeRO's bucket sizes stay
 within the model, the overflow check reads the device once and tests each gradient in one
-reduction, PJRT CPU's freed buffers stay with the process, a pipeline step compiles nothing after
-warm-up, a two-rank ZeRO-2 step runs its forward and backward passes once, a ZeRO step writes its
-parameters out only as their flat buffer, a ZeRO-2 step reads its gradient partition in parameter
-order, and the optimizer kernels update their buffers in place."""
+reduction, PJRT CPU's freed buffers stay with the process, each local rank of PJRT CPU runs on
+its own cores, a pipeline step compiles nothing after warm-up, a two-rank ZeRO-2 step runs its
+forward and backward passes once, a ZeRO step writes its parameters out only as their flat
+buffer, a ZeRO-2 step reads its gradient partition in parameter order, and the optimizer kernels
+update their buffers in place."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 import textwrap
 
 import pytest
 
-from deepspeed_xla.backend import host_memory
+from deepspeed_xla.backend import core_binding, host_memory
 from deepspeed_xla.zero_buffers import bounded
 from harness.candidates import parse_spec
 from harness.launching import launch, single_rank_env
@@ -118,6 +122,90 @@ def test_a_bad_cpu_malloc_setting_is_refused_in_one_line():
     proc = run_python("import deepspeed", "xla", {"DS_XLA_CPU_MALLOC": "tcmalloc", "PJRT_DEVICE": "CPU"})
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "DS_XLA_CPU_MALLOC='tcmalloc'" in proc.stderr, proc.stderr[-2000:]
+
+
+CORES_REPORT = textwrap.dedent("""
+    import json, multiprocessing, os, sys, threading
+    if len(sys.argv) > 1:  # narrowed before the accelerator loads, as numactl or taskset would start the worker
+        os.sched_setaffinity(0, {int(sys.argv[1])})
+    import deepspeed
+    from deepspeed.accelerator import get_accelerator
+    get_accelerator()
+    seen = []
+    thread = threading.Thread(target=lambda: seen.append(sorted(os.sched_getaffinity(0))))
+    thread.start()
+    thread.join()
+    if __name__ == "__main__":
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            child = pool.apply(sorted, (os.sched_getaffinity(0),))
+        print(json.dumps({"main": sorted(os.sched_getaffinity(0)), "thread": seen[0], "child": child,
+                          "bound": os.environ.get("DS_XLA_CORES_BOUND")}))
+""")
+
+
+def _cores_of_local_rank(tmp_path, local_rank, local_size, extra_env=None, argv=()):
+    script = tmp_path / f"cores_{local_rank}.py"
+    script.write_text(CORES_REPORT)
+    env = {"PJRT_DEVICE": "CPU", "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_size), **(extra_env or {})}
+    env.pop("DS_XLA_CORES_BOUND", None)
+    proc = subprocess.run([sys.executable, str(script), *argv], env={**os.environ, "DS_ACCELERATOR": "xla", **env},
+                          capture_output=True, text=True, timeout=300)
+    report = last_json(proc)
+    assert report["thread"] == report["main"] == report["child"], (
+        f"local rank {local_rank}: a later thread or a spawned child runs on other cores than the rank: {report}")
+    return set(report["main"]), report["bound"]
+
+
+def test_each_local_rank_of_pjrt_cpu_runs_on_its_own_cores(tmp_path):
+    cores = os.sched_getaffinity(0)
+    ranks = [_cores_of_local_rank(tmp_path, rank, 2)[0] for rank in range(2)]
+    assert set().union(*ranks) == cores, f"local ranks' cores {ranks} do not cover this host's {sorted(cores)}"
+    if len(cores) >= 2:
+        assert ranks[0] and ranks[1] and not ranks[0] & ranks[1], (
+            f"two local ranks on {len(cores)} cores got {ranks}: each should have a share of its own")
+
+
+@pytest.mark.parametrize("case", ["setting-none", "one-local-rank", "narrowed-by-launcher"])
+def test_cores_are_left_alone_when_the_rank_is_bound_elsewhere_or_alone(case, tmp_path):
+    # The binding's own record (DS_XLA_CORES_BOUND) tells a share it left alone from one it bound to the same cores.
+    cores = os.sched_getaffinity(0)
+    if case == "narrowed-by-launcher":
+        last = max(cores)
+        assert _cores_of_local_rank(tmp_path, 0, 2, argv=[str(last)]) == ({last}, None)
+        return
+    extra = {"DS_XLA_BIND_CORES": "none"} if case == "setting-none" else {}
+    assert _cores_of_local_rank(tmp_path, 0, 2 if case == "setting-none" else 1, extra) == (cores, None)
+
+
+@pytest.mark.parametrize("local_rank,local_size,cores,expected", [
+    (0, 2, [0, 1], [0]), (1, 2, [0, 1], [1]), (1, 2, [4, 5, 6, 7], [6, 7]), (2, 3, range(8), [5, 6, 7]),
+    (0, 4, [0, 1], [0]), (1, 4, [0, 1], [0]), (3, 4, [0, 1], [1]), (0, 1, [3, 1], [1, 3])])
+def test_core_share_of_a_local_rank(local_rank, local_size, cores, expected):
+    assert core_binding.share(local_rank, local_size, cores) == expected
+
+
+def test_cores_are_left_alone_off_pjrt_cpu():
+    environ = {"PJRT_DEVICE": "TPU", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}
+    assert core_binding.bind_local_rank(environ) is None and core_binding.BOUND not in environ
+
+
+def test_a_child_of_a_bound_rank_keeps_the_rank_s_cores():
+    # On a bigger host a child re-splitting its rank's share would run on a part of it (on 2 cores the share of a share
+    # is the same core, so the spawned child in test_each_local_rank_of_pjrt_cpu_runs_on_its_own_cores cannot tell).
+    code = textwrap.dedent("""
+        import json, os
+        from deepspeed_xla.backend import core_binding
+        environ = {"PJRT_DEVICE": "CPU", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", core_binding.BOUND: "1/2"}
+        print(json.dumps({"bound": core_binding.bind_local_rank(environ), "cores": sorted(os.sched_getaffinity(0))}))
+    """)
+    report = last_json(run_python(code, None))
+    assert report == {"bound": None, "cores": sorted(os.sched_getaffinity(0))}, report
+
+
+def test_a_bad_bind_cores_setting_is_refused_in_one_line():
+    proc = run_python("import deepspeed", "xla", {"DS_XLA_BIND_CORES": "numa", "PJRT_DEVICE": "CPU"})
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert "DS_XLA_BIND_CORES='numa'" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_overflow_check_reads_the_device_once_and_answers_as_on_the_host():
