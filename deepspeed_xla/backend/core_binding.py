@@ -11,9 +11,9 @@ starts each rank under numactl); for emulated XLA devices it is the default.
 `bind_local_rank()` runs in each worker before the runtime starts its threads (backend.load): it
 gives local rank r of L the r-th of L contiguous blocks of the cores the process may use (ranks
 share a core when there are more ranks than cores), for every thread the process has, and the
-threads started later inherit it. Two ranks on two cores, one 4.2M-parameter MLP per rank,
-against unbound: DeepSpeed ZeRO-3 118-121 against 127-130 ms per step, a hand-written loop 85-88
-against 87-89 (benchmarks/README.md).
+threads started later inherit it. Two ranks on two cores training a 4.2M-parameter MLP, bound
+against unbound over four runs each: DeepSpeed ZeRO-3 117-122 against 127-130 ms per step, a
+hand-written loop 84-88 against 87-91 (benchmarks/README.md).
 
 Left alone: a process that is not a launched worker of several local ranks (LOCAL_RANK and
 LOCAL_WORLD_SIZE or LOCAL_SIZE), a device other than PJRT CPU, a process whose cores were already
