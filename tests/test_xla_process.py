@@ -138,8 +138,9 @@ CORES_REPORT = textwrap.dedent("""
     if __name__ == "__main__":
         with multiprocessing.get_context("spawn").Pool(1) as pool:
             child = pool.apply(sorted, (os.sched_getaffinity(0),))
+        import torch
         print(json.dumps({"main": sorted(os.sched_getaffinity(0)), "thread": seen[0], "child": child,
-                          "bound": os.environ.get("DS_XLA_CORES_BOUND")}))
+                          "bound": os.environ.get("DS_XLA_CORES_BOUND"), "torch_threads": torch.get_num_threads()}))
 """)
 
 
@@ -147,12 +148,15 @@ def _cores_of_local_rank(tmp_path, local_rank, local_size, extra_env=None, argv=
     script = tmp_path / f"cores_{local_rank}.py"
     script.write_text(CORES_REPORT)
     env = {"PJRT_DEVICE": "CPU", "LOCAL_RANK": str(local_rank), "LOCAL_WORLD_SIZE": str(local_size), **(extra_env or {})}
-    env.pop("DS_XLA_CORES_BOUND", None)
-    proc = subprocess.run([sys.executable, str(script), *argv], env={**os.environ, "DS_ACCELERATOR": "xla", **env},
+    environ = {key: value for key, value in os.environ.items() if key not in ("DS_XLA_CORES_BOUND", "OMP_NUM_THREADS")}
+    proc = subprocess.run([sys.executable, str(script), *argv], env={**environ, "DS_ACCELERATOR": "xla", **env},
                           capture_output=True, text=True, timeout=300)
     report = last_json(proc)
     assert report["thread"] == report["main"] == report["child"], (
         f"local rank {local_rank}: a later thread or a spawned child runs on other cores than the rank: {report}")
+    if report["bound"]:
+        assert report["torch_threads"] == len(report["main"]), (
+            f"local rank {local_rank}: PyTorch keeps {report['torch_threads']} threads on {report['main']}")
     return set(report["main"]), report["bound"]
 
 
@@ -184,9 +188,19 @@ def test_core_share_of_a_local_rank(local_rank, local_size, cores, expected):
     assert core_binding.share(local_rank, local_size, cores) == expected
 
 
-def test_cores_are_left_alone_off_pjrt_cpu():
-    environ = {"PJRT_DEVICE": "TPU", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "4"}
+@pytest.mark.parametrize("device,local_rank", [("TPU", "0"), ("CPU", "-1"), ("CPU", "4")],
+                         ids=["tpu", "not-launched", "rank-past-its-size"])
+def test_cores_are_left_alone_off_pjrt_cpu_or_outside_the_local_ranks(device, local_rank):
+    environ = {"PJRT_DEVICE": device, "LOCAL_RANK": local_rank, "LOCAL_WORLD_SIZE": "4"}
     assert core_binding.bind_local_rank(environ) is None and core_binding.BOUND not in environ
+
+
+@pytest.mark.parametrize("name", ["LOCAL_RANK", "LOCAL_WORLD_SIZE"])
+def test_a_local_rank_that_is_not_a_number_is_refused_in_one_line(name):
+    env = {"PJRT_DEVICE": "CPU", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2", name: "two"}
+    proc = run_python("import deepspeed", "xla", env)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert f"{name}='two' is not an integer" in proc.stderr, proc.stderr[-2000:]
 
 
 def test_a_child_of_a_bound_rank_keeps_the_rank_s_cores():

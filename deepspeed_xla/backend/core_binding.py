@@ -1,8 +1,8 @@
 """On PJRT CPU, each local rank runs on its own share of the host's cores.
 
 PJRT CPU sizes its thread pools (XLA's intra-op pool, Eigen's for matrix products) by the cores
-a process may run on, and so do PyTorch's OpenMP threads. With one process per emulated device,
-every rank of a host starts pools as large as the whole machine: two ranks on two cores run four
+a process may run on, and PyTorch its intra-op pool by the host's. With one process per emulated
+device, every rank of a host starts pools as large as the whole machine: two ranks on two cores run four
 busy pools, and whenever both ranks execute a graph at once (data-parallel ranks do, in step) each
 rank's threads wait for cores the other rank's threads hold, at every collective. DeepSpeed
 offers the cure for its own CPU accelerator as an option (`deepspeed --bind_cores_to_rank`, which
@@ -11,17 +11,19 @@ starts each rank under numactl); for emulated XLA devices it is the default.
 `bind_local_rank()` runs in each worker before the runtime starts its threads (backend.load): it
 gives local rank r of L the r-th of L contiguous blocks of the cores the process may use (ranks
 share a core when there are more ranks than cores), for every thread the process has, and the
-threads started later inherit it. Two ranks on two cores training a 4.2M-parameter MLP, bound
-against unbound over four runs each: DeepSpeed ZeRO-3 117-122 against 127-130 ms per step, a
-hand-written loop 84-88 against 87-91 (benchmarks/README.md).
+threads started later inherit it; PyTorch's intra-op pool, sized when torch was imported, is
+resized to the share unless OMP_NUM_THREADS chose its size. Two ranks on two cores training a
+4.2M-parameter MLP, bound against unbound over four runs each: DeepSpeed ZeRO-3 117-122 against
+127-130 ms per step, a hand-written loop 84-88 against 87-91 (benchmarks/README.md).
 
-Left alone: a process that is not a launched worker of several local ranks (LOCAL_RANK and
-LOCAL_WORLD_SIZE or LOCAL_SIZE), a device other than PJRT CPU, a process whose cores were already
+Left alone: a process that is not a launched worker of several local ranks (LOCAL_RANK in
+0..LOCAL_WORLD_SIZE-1, or LOCAL_SIZE), a device other than PJRT CPU, a process whose cores were already
 narrowed by whoever started it (numactl, taskset, `--bind_cores_to_rank`: its cores differ from its
 parent's), a child of a bound rank (it inherits the rank's share), and DS_XLA_BIND_CORES=none.
 """
 
 import os
+import sys
 
 from xla_host import discovery
 
@@ -48,28 +50,47 @@ def _narrowed_by_parent(cores):
 
 
 def bind_local_rank(environ=os.environ):
-    """Bind every thread of this process to its local rank's share of the cores (module docstring).
-    Returns the cores bound to, a sorted list, or None where the process is left alone. ValueError
-    for a DS_XLA_BIND_CORES other than "rank" or "none"."""
+    """Bind every thread of this process to its local rank's share of the cores (module docstring), and size
+    PyTorch's intra-op pool to the share unless OMP_NUM_THREADS sets it. Returns the cores bound to, a sorted
+    list, or None where the process is left alone. ValueError for a DS_XLA_BIND_CORES other than "rank" or
+    "none", or a LOCAL_RANK, LOCAL_WORLD_SIZE or LOCAL_SIZE that is not an integer."""
     choice = environ.get(SETTING) or "rank"  # set but empty: the default
     if choice not in ("rank", "none"):
         raise ValueError(f"{SETTING}={choice!r} is not one of 'rank' (each local rank of PJRT CPU runs on its own "
                          "share of the host's cores) or 'none' (the cores the process was started with)")
-    local_rank = environ.get("LOCAL_RANK")
-    local_size = environ.get("LOCAL_WORLD_SIZE") or environ.get("LOCAL_SIZE")
-    if choice == "none" or not (local_rank and local_size) or int(local_size) < 2:
+    local_rank = _integer(environ, "LOCAL_RANK")
+    size_name = "LOCAL_WORLD_SIZE" if environ.get("LOCAL_WORLD_SIZE") else "LOCAL_SIZE"
+    local_size = _integer(environ, size_name)
+    # LOCAL_RANK=-1 is the usual "not launched"; a rank outside its size has no share to take.
+    if choice == "none" or local_rank is None or local_size is None or not 0 <= local_rank < local_size:
         return None
-    if not hasattr(os, "sched_setaffinity") or discovery.device_type(environ) != "CPU":
+    if local_size < 2 or not hasattr(os, "sched_setaffinity") or discovery.device_type(environ) != "CPU":
         return None
     marker = f"{local_rank}/{local_size}"
     cores = os.sched_getaffinity(0)
     if environ.get(BOUND) == marker or _narrowed_by_parent(cores):
         return None
-    mine = share(int(local_rank), int(local_size), cores)
+    mine = share(local_rank, local_size, cores)
     for thread in os.listdir("/proc/self/task"):
         try:
             os.sched_setaffinity(int(thread), mine)
         except OSError:  # a thread that ended meanwhile
             pass
     environ[BOUND] = marker
+    # PyTorch sized its OpenMP pool when it was imported, before this; a size the user chose stays.
+    torch = sys.modules.get("torch")
+    if torch is not None and not environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(len(mine))
     return mine
+
+
+def _integer(environ, name):
+    """`environ[name]` as an int, None where unset or empty; ValueError naming the variable otherwise."""
+    value = environ.get(name)
+    if not value:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} is not an integer (the launcher sets it to this process's local rank "
+                         "or local process count)") from None
