@@ -58,13 +58,12 @@ def bind_local_rank(environ=os.environ):
     if choice not in ("rank", "none"):
         raise ValueError(f"{SETTING}={choice!r} is not one of 'rank' (each local rank of PJRT CPU runs on its own "
                          "share of the host's cores) or 'none' (the cores the process was started with)")
-    local_rank = _integer(environ, "LOCAL_RANK")
-    size_name = "LOCAL_WORLD_SIZE" if environ.get("LOCAL_WORLD_SIZE") else "LOCAL_SIZE"
-    local_size = _integer(environ, size_name)
-    # LOCAL_RANK=-1 is the usual "not launched"; a rank outside its size has no share to take.
-    if choice == "none" or local_rank is None or local_size is None or not 0 <= local_rank < local_size:
+    if choice == "none" or not hasattr(os, "sched_setaffinity") or discovery.device_type(environ) != "CPU":
         return None
-    if local_size < 2 or not hasattr(os, "sched_setaffinity") or discovery.device_type(environ) != "CPU":
+    local_rank = _integer(environ, "LOCAL_RANK")
+    local_size = _integer(environ, "LOCAL_WORLD_SIZE" if environ.get("LOCAL_WORLD_SIZE") else "LOCAL_SIZE")
+    # LOCAL_RANK=-1 is the usual "not launched"; a rank outside its size has no share to take.
+    if local_rank is None or local_size is None or local_size < 2 or not 0 <= local_rank < local_size:
         return None
     marker = f"{local_rank}/{local_size}"
     cores = os.sched_getaffinity(0)
