@@ -16,10 +16,11 @@ resized to the share unless OMP_NUM_THREADS chose its size. Two ranks on two cor
 4.2M-parameter MLP, bound against unbound over four runs each: DeepSpeed ZeRO-3 117-122 against
 127-130 ms per step, a hand-written loop 84-88 against 87-91 (benchmarks/README.md).
 
-Left alone: a process that is not a launched worker of several local ranks (LOCAL_RANK in
-0..LOCAL_WORLD_SIZE-1, or LOCAL_SIZE), a device other than PJRT CPU, a process whose cores were already
-narrowed by whoever started it (numactl, taskset, `--bind_cores_to_rank`: its cores differ from its
-parent's), a child of a bound rank (it inherits the rank's share), and DS_XLA_BIND_CORES=none.
+Left alone: a process that is not one of several local ranks (a local size of at least 2 in
+LOCAL_WORLD_SIZE or LOCAL_SIZE, and a LOCAL_RANK below it), a device other than PJRT CPU, a process
+whose cores were already narrowed by whoever started it (numactl, taskset, `--bind_cores_to_rank`:
+its cores differ from its parent's), a child of a bound rank (it inherits the rank's share), and
+DS_XLA_BIND_CORES=none.
 """
 
 import os
