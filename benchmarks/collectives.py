@@ -36,7 +36,7 @@ def bus_factor(collective, n):
 
 
 def _iterations(size):
-    return 20 if size <= 1024**2 else 5
+    return 20 if size <= 1024**2 else 10
 
 
 def _buffers(collective, count, rank, world, device):
@@ -76,28 +76,34 @@ def worker():
                 "all_gather": lambda o, i: dist.all_gather_into_tensor(o, i, group=gloo),
                 "reduce_scatter": lambda o, i: dist.reduce_scatter_tensor(o, i, group=gloo),
                 "broadcast": lambda t: dist.broadcast(t, src=0, group=gloo)}
+    transports = (("bridge", bridge_ops, device, lambda: runtime.sync(wait=True), ds_dist.barrier),
+                  ("gloo", gloo_ops, torch.device("cpu"), lambda: None, lambda: dist.barrier(group=gloo)))
     for collective in COLLECTIVES:
         for size in SIZES:
             count = size // 4
             row = {"collective": collective, "size": size, "count": count}
-            for name, ops, dev, settle in (("bridge", bridge_ops, device, lambda: runtime.sync(wait=True)),
-                                           ("gloo", gloo_ops, torch.device("cpu"), lambda: None)):
+            runs = {}
+            for name, ops, dev, settle, _ in transports:
                 fresh, run, check = _buffers(collective, count, rank, world, dev)
                 fresh()
                 settle()
                 run(ops[collective])
                 settle()
-                wrong = check()
-                times = []
-                for _ in range(_iterations(size)):
+                runs[name] = fresh, run, ops[collective]
+                row[name] = {"wrong": check(), "times": []}
+            # Bridge and gloo take turns, so a slower stretch of the machine falls on both.
+            for _ in range(_iterations(size)):
+                for name, _, _, settle, barrier in transports:
+                    fresh, run, op = runs[name]
                     fresh()
                     settle()
-                    ds_dist.barrier() if name == "bridge" else dist.barrier(group=gloo)
+                    barrier()
                     start = time.perf_counter()
-                    run(ops[collective])
+                    run(op)
                     settle()
-                    times.append(time.perf_counter() - start)
-                row[name] = {"us": statistics.median(times) * 1e6, "wrong": wrong}
+                    row[name]["times"].append(time.perf_counter() - start)
+            for name in runs:
+                row[name]["us"] = statistics.median(row[name].pop("times")) * 1e6
             if rank == 0:
                 print(RESULT_PREFIX + json.dumps(row), flush=True)
     ds_dist.barrier()

@@ -280,6 +280,18 @@ def test_host_copies_of_xla_tensors_hold_their_values(view, dtype):
     assert torch.equal(host, pick(base)), f"{view} {dtype}: {host} != {pick(base)}"
 
 
+@pytest.mark.parametrize("view", ["whole", "column", "pending"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_host_copies_land_in_the_buffer_given(view, dtype):
+    # The host bridge stages operands in buffers it reuses.
+    base = torch.arange(24).reshape(4, 6).to(dtype)
+    pick = {"whole": lambda t: t, "column": lambda t: t[:, 2], "pending": lambda t: t * 2 + 1}[view]
+    expected = pick(base)
+    out = torch.full(expected.shape, -1.0, dtype=dtype)
+    host = runtime.to_host(pick(base.to(XLA)), out=out)
+    assert host is out and torch.equal(out, expected), f"{view} {dtype}: {out} != {expected}"
+
+
 @pytest.mark.parametrize("view", ["whole", "narrow", "column", "pending"])
 def test_read_only_host_views_hold_values_without_a_copy(view):
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)

@@ -72,7 +72,7 @@ def _buffers_are_host_memory(device):
     return xm.xla_device_hw(device) == "CPU"
 
 
-def to_host(tensor, *, read_only=False):
+def to_host(tensor, *, read_only=False, out=None):
     """A contiguous CPU tensor with the value of XLA `tensor` (any shape, dtype, view), computing
     only what it needs, as `tensor.cpu()` does. On PJRT CPU, whose device buffers are host memory,
     the value is copied once out of the materialised buffer (DLPack), where a transfer through
@@ -80,13 +80,18 @@ def to_host(tensor, *, read_only=False):
 
     read_only: the caller only reads the result and drops it before anything else runs on the
     device (a collective's operand); on PJRT CPU it is then the device buffer itself, no copy.
-    Writing to it would change every tensor that shares the buffer."""
+    Writing to it would change every tensor that shares the buffer.
+    out: a contiguous CPU tensor of `tensor`'s shape and dtype to copy the value into and return
+    (a reused staging buffer), instead of a new one."""
     if not _buffers_are_host_memory(tensor.device):
-        return tensor.cpu().contiguous()
+        return tensor.cpu().contiguous() if out is None else out.copy_(tensor)
     torch_xla._XLAC._xla_sync_multi([tensor], [], True)
     xm.wait_device_ops()  # the buffer may still be written by an earlier asynchronous execution
     view = torch_from_dlpack(xla_dlpack.to_dlpack(tensor))
-    if view.dtype != tensor.dtype:  # XLA_USE_BF16 and the like store another type than the tensor's
+    stored_as_typed = view.dtype == tensor.dtype  # not under XLA_USE_BF16 and the like
+    if out is not None:
+        return out.copy_(view if stored_as_typed else tensor)
+    if not stored_as_typed:
         return tensor.cpu().contiguous()
     if read_only and view.is_contiguous():
         return view

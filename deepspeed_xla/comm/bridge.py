@@ -37,6 +37,7 @@ from torch._C._distributed_c10d import AllreduceOptions
 from .. import step_graphs
 from ..backend import runtime
 from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments
+from .host_buffers import HostBufferPool
 from .process_group import XlaProcessGroupBase, completed_work
 
 
@@ -49,22 +50,32 @@ def _cut_before_reading(operands):
         step_graphs.cut_before_collective_read()
 
 
+# This process's staging buffers: operand copies and result buffers, reused across collectives.
+_buffers = HostBufferPool()
+
+
 def _host(tensor, read_only=False):
     """A contiguous host tensor with the value of `tensor`. CPU tensors that are already
     contiguous are used as they are, so gloo works on them in place. An XLA tensor's is a
-    private copy, or with read_only (an operand gloo only sends) possibly its device buffer
-    itself (runtime.to_host), which must be dropped before the call returns."""
+    private copy in a staging buffer, or with read_only (an operand gloo only sends) possibly
+    its device buffer itself (runtime.to_host), which must be dropped before the call returns."""
     if tensor.device.type == "cpu":
         return tensor if tensor.is_contiguous() else tensor.contiguous()
     with torch.no_grad():
-        return runtime.to_host(tensor, read_only=read_only)
+        if read_only:
+            return runtime.to_host(tensor, read_only=True)
+        return runtime.to_host(tensor, out=_buffers.take(tensor.shape, tensor.dtype))
 
 
 def _host_empty(tensor, numel=None):
-    """An uninitialised host buffer of `tensor`'s shape (or `numel` elements, flat) and dtype. The
-    device is named: inside DeepSpeed's zero.Init a bare constructor lands on the accelerator."""
-    shape = tensor.shape if numel is None else (numel,)
-    return torch.empty(shape, dtype=tensor.dtype, device="cpu")
+    """An uninitialised host staging buffer of `tensor`'s shape (or `numel` elements, flat) and dtype."""
+    return _buffers.take(tensor.shape if numel is None else (numel,), tensor.dtype)
+
+
+def _host_flat(tensors):
+    """The values of `tensors` (at least one, all of one dtype) flattened and concatenated in a host staging buffer."""
+    flat = _host_empty(tensors[0], sum(t.numel() for t in tensors))
+    return torch.cat([_host(t, read_only=True).reshape(-1) for t in tensors], out=flat)
 
 
 def _write_back(target, host, owned=True):
@@ -225,8 +236,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             self._gloo_op(opts.reduceOp, "all_reduce_coalesced")
             return completed_work(tensors)
         _cut_before_reading(tensors)
-        hosts = [_host(t) for t in tensors]
-        flat = torch.cat([h.reshape(-1) for h in hosts]) if hosts else torch.empty(0, device="cpu")
+        flat = _host_flat(tensors) if tensors else torch.empty(0, device="cpu")
         self._allreduce_host([flat], opts.reduceOp, "all_reduce_coalesced")
         offset = 0
         for tensor in tensors:
@@ -258,7 +268,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         # All operands are read before any output is written (outputs may alias inputs).
         _cut_before_reading([t for inputs in inputs_per_output for t in inputs])
         flats = [_host(inputs[0]).reshape(-1) if len(inputs) == 1 and inputs[0].device.type != "cpu"
-                 else torch.cat([_host(t, read_only=True).reshape(-1) for t in inputs]) for inputs in inputs_per_output]
+                 else _host_flat(inputs) for inputs in inputs_per_output]
         for output, flat in zip(outputs, flats):
             self._allreduce_host([flat], op, name)
             shard = output.numel()
@@ -387,7 +397,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape), owned=False)
             return completed_work(output_tensors)
         _cut_before_reading(input_tensors)
-        host_input = torch.cat([_host(t, read_only=True).reshape(-1) for t in input_tensors])
+        host_input = _host_flat(input_tensors)
         host_output = _host_empty(output_tensors[0], sum(t.numel() for t in output_tensors))
         out_splits, in_splits = [t.numel() for t in output_tensors], [t.numel() for t in input_tensors]
         self._run("all_to_all", lambda: self._gloo.alltoall_base(host_output, host_input, out_splits, in_splits, opts))

@@ -1,0 +1,94 @@
+"""The host bridge's staging buffers (comm/host_buffers.py): reused only once nothing holds them.
+
+A buffer handed out again while a caller, gloo or an adopting device buffer still refers to it
+would overwrite a collective's result; these tests hold it each of those ways, on a real PJRT
+CPU device for the adoption.
+"""
+
+import torch
+import torch_xla
+
+from deepspeed_xla.backend import runtime
+from deepspeed_xla.comm.host_buffers import HostBufferPool
+
+XLA = torch_xla.device()
+BIG = 1 << 18  # fp32 elements: 1 MiB, the smallest size pooled
+SMALL_POOL = dict(capacity=2, pooled_bytes=4 * BIG)
+
+
+def test_a_released_buffer_is_handed_out_again():
+    pool = HostBufferPool(**SMALL_POOL)
+    first = pool.take((BIG, ), torch.float32)
+    pointer = first.data_ptr()
+    del first
+    again = pool.take((2, BIG // 2), torch.float32)
+    assert again.data_ptr() == pointer, "a buffer nothing holds should be reused, in the shape asked for"
+    assert again.shape == (2, BIG // 2) and again.is_contiguous()
+
+
+def test_a_held_buffer_or_a_view_of_it_is_not_handed_out():
+    pool = HostBufferPool(**SMALL_POOL)
+    held = pool.take((BIG, ), torch.float32)
+    assert pool.take((BIG, ), torch.float32).data_ptr() != held.data_ptr()
+    tail = held[BIG // 2:]
+    pointer = held.data_ptr()
+    del held
+    assert pool.take((BIG, ), torch.float32).data_ptr() != pointer, "a view still refers to the buffer"
+    del tail
+    assert pool.take((BIG, ), torch.float32).data_ptr() == pointer
+
+
+def test_a_buffer_a_device_tensor_adopted_is_held_until_that_tensor_changes():
+    pool = HostBufferPool(**SMALL_POOL)
+    host = pool.take((BIG, ), torch.float32)
+    host.fill_(7.0)
+    pointer = host.data_ptr()
+    device = runtime.to_device(host, XLA, adopt=True)
+    del host
+    target = torch.zeros(BIG, device=XLA)
+    target.copy_(device)  # the target now shares the adopted buffer
+    del device
+    torch_xla.sync()
+    assert pool.take((BIG, ), torch.float32).data_ptr() != pointer, "the device buffer still lives in it"
+    assert torch.equal(target.cpu(), torch.full((BIG, ), 7.0))
+    target.zero_()
+    torch_xla.sync()
+    runtime.sync()
+    assert pool.take((BIG, ), torch.float32).data_ptr() == pointer, "released with the device buffer"
+
+
+def test_size_and_dtype_must_match():
+    pool = HostBufferPool(capacity=4, pooled_bytes=BIG * 4)
+    kept = pool.take((BIG, ), torch.float32)
+    pointer = kept.data_ptr()
+    del kept
+    others = [pool.take((BIG, ), torch.int32), pool.take((BIG + 16, ), torch.float32)]
+    assert all(other.data_ptr() != pointer for other in others)
+    assert pool.take((BIG, ), torch.float32).data_ptr() == pointer
+
+
+def test_small_buffers_are_not_kept():
+    pool = HostBufferPool(capacity=2, pooled_bytes=BIG * 4)
+    pool.take((BIG // 2, ), torch.float32)
+    assert len(pool) == 0
+    pool.take((BIG, ), torch.float32)
+    assert len(pool) == 1
+
+
+def test_a_full_pool_replaces_its_least_recently_taken_free_buffer():
+    pool = HostBufferPool(**SMALL_POOL)
+    pool.take((BIG, ), torch.float32)
+    b_pointer = pool.take((BIG, ), torch.int32).data_ptr()
+    c = pool.take((BIG, ), torch.float64)  # full: the float32 buffer, taken longest ago and free, makes room
+    assert len(pool) == 2
+    c_pointer = c.data_ptr()
+    del c
+    assert pool.take((BIG, ), torch.int32).data_ptr() == b_pointer
+    assert pool.take((BIG, ), torch.float64).data_ptr() == c_pointer
+
+
+def test_a_full_pool_of_held_buffers_still_serves_buffers_it_does_not_keep():
+    pool = HostBufferPool(**SMALL_POOL)
+    held = [pool.take((BIG, ), torch.float32) for _ in range(2)]
+    extra = pool.take((BIG, ), torch.float32)
+    assert len(pool) == 2 and extra.data_ptr() not in {h.data_ptr() for h in held}
