@@ -12,8 +12,9 @@ from deepspeed_xla.backend import runtime
 from deepspeed_xla.comm.host_buffers import HostBufferPool
 
 XLA = torch_xla.device()
-BIG = 1 << 18  # fp32 elements: 1 MiB, the smallest size pooled
-SMALL_POOL = dict(capacity=2, pooled_bytes=4 * BIG)
+MIB = 1 << 20
+BIG = MIB // 4  # fp32 elements: 1 MiB, the smallest size pooled
+SMALL_POOL = dict(capacity_bytes=2 * MIB, pooled_bytes=MIB)  # room for two 1 MiB buffers
 
 
 def test_a_released_buffer_is_handed_out_again():
@@ -58,7 +59,7 @@ def test_a_buffer_a_device_tensor_adopted_is_held_until_that_tensor_changes():
 
 
 def test_size_and_dtype_must_match():
-    pool = HostBufferPool(capacity=4, pooled_bytes=BIG * 4)
+    pool = HostBufferPool(capacity_bytes=4 * MIB, pooled_bytes=MIB)
     kept = pool.take((BIG, ), torch.float32)
     pointer = kept.data_ptr()
     del kept
@@ -68,27 +69,38 @@ def test_size_and_dtype_must_match():
 
 
 def test_small_buffers_are_not_kept():
-    pool = HostBufferPool(capacity=2, pooled_bytes=BIG * 4)
+    pool = HostBufferPool(**SMALL_POOL)
     pool.take((BIG // 2, ), torch.float32)
-    assert len(pool) == 0
+    assert pool.kept_bytes == 0
     pool.take((BIG, ), torch.float32)
-    assert len(pool) == 1
+    assert pool.kept_bytes == MIB
 
 
 def test_a_full_pool_replaces_its_least_recently_taken_free_buffer():
     pool = HostBufferPool(**SMALL_POOL)
     pool.take((BIG, ), torch.float32)
     b_pointer = pool.take((BIG, ), torch.int32).data_ptr()
-    c = pool.take((BIG, ), torch.float64)  # full: the float32 buffer, taken longest ago and free, makes room
-    assert len(pool) == 2
+    c = pool.take((BIG // 2, ), torch.float64)  # full: the float32 buffer, taken longest ago and free, makes room
+    assert pool.kept_bytes == 2 * MIB
     c_pointer = c.data_ptr()
     del c
     assert pool.take((BIG, ), torch.int32).data_ptr() == b_pointer
-    assert pool.take((BIG, ), torch.float64).data_ptr() == c_pointer
+    assert pool.take((BIG // 2, ), torch.float64).data_ptr() == c_pointer
+
+
+def test_a_buffer_larger_than_the_pool_is_not_kept():
+    pool = HostBufferPool(**SMALL_POOL)
+    pool.take((BIG, ), torch.float32)
+    pool.take((3 * BIG, ), torch.float32)
+    assert pool.kept_bytes == MIB, "the free 1 MiB buffer stays: letting it go would not make room"
 
 
 def test_a_full_pool_of_held_buffers_still_serves_buffers_it_does_not_keep():
     pool = HostBufferPool(**SMALL_POOL)
     held = [pool.take((BIG, ), torch.float32) for _ in range(2)]
     extra = pool.take((BIG, ), torch.float32)
-    assert len(pool) == 2 and extra.data_ptr() not in {h.data_ptr() for h in held}
+    held_pointers = {h.data_ptr() for h in held}
+    assert pool.kept_bytes == 2 * MIB and extra.data_ptr() not in held_pointers
+    del held, extra
+    assert {pool.take((BIG, ), torch.float32).data_ptr() for _ in range(2)} <= held_pointers, \
+        "the held buffers were kept, not the extra one"

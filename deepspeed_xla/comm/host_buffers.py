@@ -3,8 +3,8 @@
 Every collective of the bridge copies its XLA operands into host buffers, runs gloo on them, and
 hands result buffers to the device, whose buffer on PJRT CPU adopts the memory rather than
 copying it (runtime.to_device). A fresh buffer of a megabyte or more lands in pages the process
-has not touched yet (torch allocates with posix_memalign, whose large blocks glibc does not serve
-again from the freed ones): a 16 MB all_reduce paid 4,096 page faults, 5 ms, on about a third of
+has not touched yet (torch allocates with posix_memalign, and glibc does not always serve such
+blocks from memory freed earlier): a 16 MB all_reduce paid 4,096 page faults, 5 ms, on about a third of
 its calls. The pool keeps a few such buffers and hands one out only while nothing else refers to
 its memory: not a caller still holding it, not gloo still sending from it, and not a device
 buffer that adopted it (such a buffer is released when the XLA tensor holding it changes or dies).
@@ -16,8 +16,13 @@ import torch
 
 # Smaller buffers come from the C allocator's free lists without page faults.
 POOLED_BYTES = 1 << 20
-# Buffers kept; at most this many times the largest operand stays allocated while unused.
-CAPACITY = 4
+# The most the kept buffers may add up to (what may stay allocated while no collective runs):
+# several gradient buckets of 16-64 MB. Larger operands are staged in fresh buffers.
+CAPACITY_BYTES = 256 << 20
+
+
+def _bytes(buffer):
+    return buffer.numel() * buffer.element_size()
 
 
 def _unshared(buffer):
@@ -33,33 +38,40 @@ class HostBufferPool:
     anything made from it) is gone. Not thread-safe: collectives are issued from one thread.
     """
 
-    def __init__(self, capacity=CAPACITY, pooled_bytes=POOLED_BYTES):
-        self._capacity, self._pooled_bytes = capacity, pooled_bytes
+    def __init__(self, capacity_bytes=CAPACITY_BYTES, pooled_bytes=POOLED_BYTES):
+        self._capacity_bytes, self._pooled_bytes = capacity_bytes, pooled_bytes
         self._buffers = []  # least recently taken first
 
-    def __len__(self):
-        """The number of buffers kept, held or not."""
-        return len(self._buffers)
+    @property
+    def kept_bytes(self):
+        """What the kept buffers add up to, held or not (bytes)."""
+        return sum(_bytes(buffer) for buffer in self._buffers)
 
     def take(self, shape, dtype):
-        """An uninitialised contiguous CPU tensor of `shape` and `dtype`: a pooled buffer that nothing
-        holds where one of that size and dtype exists, else a new one (pooled from then on if it is
-        at least `pooled_bytes` and there is room, or a free buffer can make room)."""
+        """An uninitialised contiguous CPU tensor of `shape` and `dtype`: a kept buffer that nothing
+        holds where one of that size and dtype exists, else a new one, kept from then on if it is at
+        least `pooled_bytes` and fits in `capacity_bytes` with the others (the least recently taken
+        buffers that nothing holds are let go to make room)."""
         numel = math.prod(shape)
         for index, buffer in enumerate(self._buffers):
             if buffer.dtype == dtype and buffer.numel() == numel and _unshared(buffer):
                 self._buffers.append(self._buffers.pop(index))
                 return buffer.view(shape)
         buffer = torch.empty(numel, dtype=dtype, device="cpu")
-        if numel * buffer.element_size() >= self._pooled_bytes and self._make_room():
+        if _bytes(buffer) >= self._pooled_bytes and self._make_room(_bytes(buffer)):
             self._buffers.append(buffer)
         return buffer.view(shape)
 
-    def _make_room(self):
-        if len(self._buffers) < self._capacity:
-            return True
-        for index, buffer in enumerate(self._buffers):
-            if _unshared(buffer):
-                del self._buffers[index]
-                return True
-        return False
+    def _make_room(self, size):
+        """Let go of free buffers, least recently taken first, until `size` more bytes fit; False
+        (nothing let go) where they cannot."""
+        kept = self.kept_bytes
+        free = [buffer for buffer in self._buffers if _unshared(buffer)]
+        if kept - sum(_bytes(buffer) for buffer in free) + size > self._capacity_bytes:
+            return False
+        for buffer in free:
+            if kept + size <= self._capacity_bytes:
+                break
+            self._buffers.remove(buffer)
+            kept -= _bytes(buffer)
+        return True
