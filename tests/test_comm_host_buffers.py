@@ -88,6 +88,16 @@ def test_a_full_pool_replaces_its_least_recently_taken_free_buffer():
     assert pool.take((BIG // 2, ), torch.float64).data_ptr() == c_pointer
 
 
+def test_room_is_made_behind_a_held_buffer():
+    pool = HostBufferPool(capacity_bytes=3 * MIB, pooled_bytes=MIB)
+    held = pool.take((BIG, ), torch.float32)
+    pool.take((BIG, ), torch.int32)  # kept after the held buffer, free at once
+    pointer = pool.take((2 * BIG, ), torch.float32).data_ptr()  # lets the free buffer go, not the held one
+    assert pool.kept_bytes == 3 * MIB
+    assert pool.take((2 * BIG, ), torch.float32).data_ptr() == pointer
+    assert held.data_ptr() != pointer
+
+
 def test_a_buffer_larger_than_the_pool_is_not_kept():
     pool = HostBufferPool(**SMALL_POOL)
     pool.take((BIG, ), torch.float32)

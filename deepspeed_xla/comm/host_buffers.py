@@ -69,9 +69,12 @@ class HostBufferPool:
         free = [buffer for buffer in self._buffers if _unshared(buffer)]
         if kept - sum(_bytes(buffer) for buffer in free) + size > self._capacity_bytes:
             return False
+        let_go = set()
         for buffer in free:
             if kept + size <= self._capacity_bytes:
                 break
-            self._buffers.remove(buffer)
+            let_go.add(id(buffer))
             kept -= _bytes(buffer)
+        # By identity: tensors compare element by element.
+        self._buffers = [buffer for buffer in self._buffers if id(buffer) not in let_go]
         return True
