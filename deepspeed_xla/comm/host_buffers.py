@@ -57,6 +57,7 @@ class HostBufferPool:
             if buffer.dtype == dtype and buffer.numel() == numel and _unshared(buffer):
                 self._buffers.append(self._buffers.pop(index))
                 return buffer.view(shape)
+        # The device is named: inside DeepSpeed's zero.Init a bare constructor lands on the accelerator.
         buffer = torch.empty(numel, dtype=dtype, device="cpu")
         if _bytes(buffer) >= self._pooled_bytes and self._make_room(_bytes(buffer)):
             self._buffers.append(buffer)
