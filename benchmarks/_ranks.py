@@ -6,6 +6,8 @@ import sys
 import tempfile
 import threading
 
+from _script import dies_with_parent
+
 RESULT_PREFIX = "bench-result "  # rank 0's result lines, among whatever DeepSpeed logs to stdout
 TIMEOUT_S = 1800  # a world still running after this is stopped (a rank that died leaves the others waiting)
 
@@ -13,7 +15,7 @@ TIMEOUT_S = 1800  # a world still running after this is stopped (a rank that die
 def launch(script, args, world, on_cpu_accelerator=False):
     """Popen objects for ranks 0..world-1 of `script --worker ARGS` on deepspeed_xla (or, with
     on_cpu_accelerator, DeepSpeed's CPU accelerator); rank 0's stdout is a text pipe, each rank's
-    stderr a temporary file. All are killed after TIMEOUT_S."""
+    stderr a temporary file. All are killed after TIMEOUT_S, and when this process ends."""
     from harness import candidates
     from harness.candidate_env import accelerator_env
     from harness.launching import free_port
@@ -25,7 +27,8 @@ def launch(script, args, world, on_cpu_accelerator=False):
             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen([sys.executable, str(script), "--worker", *args], env=env, text=True,
-                                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=log)
+                                stdout=subprocess.PIPE if rank == 0 else subprocess.DEVNULL, stderr=log,
+                                preexec_fn=dies_with_parent)
         proc.stderr_log = log  # Popen keeps no handle on a file it was given, only on its own pipes
         procs.append(proc)
     watchdog = threading.Timer(TIMEOUT_S, lambda: [proc.kill() for proc in procs])
@@ -47,6 +50,6 @@ def failures(procs):
     for rank, proc in enumerate(procs):
         if proc.wait() != 0:
             proc.stderr_log.seek(0)
-            last = (proc.stderr_log.read().strip().splitlines() or ["(no output)"])[-1][:160]
+            last = (proc.stderr_log.read().strip().splitlines() or ["(no output)"])[-1]
             lines.append(f"rank {rank} failed (exit {proc.returncode}): {last}")
     return lines

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _ranks import RESULT_PREFIX, failures, launch, results  # noqa: E402
+from _script import run  # noqa: E402
 
 WORLD = 2
 SIZES = [1024 * 4**i for i in range(9)]  # 1 KB .. 64 MB
@@ -141,9 +142,10 @@ def main():
     for line in failed:
         print(line)
     print(f"target: bridge/gloo <= {TARGET_RATIO:.1f}x at {TARGET_SIZE // 1024**2} MB; "
-          f"missed: {', '.join(missed) or 'none'}; wrong elements: {wrong}")
+          f"missed: {', '.join(missed) or 'none'}; wrong elements: {wrong}"
+          + ("; incomplete: a rank failed (above), rows after it not measured" if failed else ""))
     return 1 if missed or wrong or failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -11,6 +11,7 @@ Targets (issue "performance"): `--suite smoke` <= 3 minutes on 2 cores; `all` <=
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -19,6 +20,10 @@ from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from _script import run  # noqa: E402
+
 TARGET_S = {"smoke": 180, "all": 900}
 # The runtime starts lazily: time it up to a first tensor on the device and back.
 PROCESS_START = ("import time; t = time.perf_counter(); import torch, torch_xla, deepspeed; "
@@ -48,13 +53,20 @@ def main():
     with tempfile.TemporaryDirectory() as out:
         start = time.perf_counter()
         # The run's reports/latest link stays in the temporary directory (it would dangle in the repository's).
-        proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", args.suite,
-                               "--workers", str(args.workers), "--reference", args.reference, "--out", f"{out}/run"],
-                              cwd=REPO, capture_output=True, text=True, env=dict(os.environ, HARNESS_REPORTS_DIR=out))
+        proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", args.suite,
+                                 "--workers", str(args.workers), "--reference", args.reference, "--out", f"{out}/run"],
+                                cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env=dict(os.environ, HARNESS_REPORTS_DIR=out))
+        try:
+            _, stderr = proc.communicate()
+        except KeyboardInterrupt:  # the run stops its checks and their ranks on SIGTERM, not on a kill
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+            raise
         wall = time.perf_counter() - start
         report_path = Path(out) / "run" / "report.json"
         if not report_path.is_file():
-            print(f"no report from the run (exit {proc.returncode}): {(proc.stderr.strip().splitlines() or [''])[-1]}")
+            print(f"no report from the run (exit {proc.returncode}): {(stderr.strip().splitlines() or [''])[-1]}")
             return 1
         report = json.loads(report_path.read_text())
     by_area, counts = defaultdict(float), defaultdict(int)
@@ -80,4 +92,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

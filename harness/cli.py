@@ -83,27 +83,61 @@ def benchmark_names():
 
 def run_benchmarks(args):
     """Each benchmark runs in a process of its own and prints its table; exit 1 if one misses its target.
-    With --report, the tables also go into that run's report (report.json "performance", report.md)."""
-    report_path = Path(args.report) / "report.json" if args.report else None
-    if report_path is not None and not report_path.is_file():
-        raise UsageError(f"--report {args.report}: no report.json there (give a run directory, e.g. reports/latest)")
-    tables = []
+    With --report, the tables also go into that run's report (report.json "performance", report.md): the
+    report is checked before anything runs. A Ctrl-C or SIGTERM stops the benchmark running (its ranks
+    with it) and adds the finished benchmarks' tables only; exit 130."""
+    extended = _report_to_extend(args.report)
+    tables, interrupted = [], None
     for name in [args.only] if args.only else benchmark_names():
         print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
-        proc = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py")], cwd=REPO, text=True,
-                                stdout=subprocess.PIPE)
-        output = []
-        for line in proc.stdout:
-            print(line, end="", flush=True)
-            output.append(line)
-        tables.append({"benchmark": name, "exit": proc.wait(), "output": "".join(output)})
-    if report_path is not None:
-        report = json.loads(report_path.read_text())
+        child, output = None, []
+        try:
+            with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
+                child = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py")], cwd=REPO, text=True,
+                                         stdout=subprocess.PIPE, start_new_session=True)
+            for line in child.stdout:
+                print(line, end="", flush=True)
+                output.append(line)
+            tables.append({"benchmark": name, "exit": child.wait(), "output": "".join(output)})
+        except KeyboardInterrupt:
+            if child is not None:
+                process_group.stop(child, first=signal.SIGINT)
+            interrupted = name
+            break
+        finally:
+            if child is not None:
+                process_group.reap(child)
+    if extended is not None and tables:
+        report_path, report = extended
         ran = {table["benchmark"] for table in tables}
         report["performance"] = [t for t in report.get("performance", []) if t["benchmark"] not in ran] + tables
         report_files.rewrite_summaries(report, report_path.parent)
         print(f"harness: performance tables added to {report_path.parent}/report.md", flush=True)
+    if interrupted:
+        print(f"harness: bench interrupted during {interrupted}; its table is not kept", file=sys.stderr, flush=True)
+        return 130
     return 1 if any(table["exit"] for table in tables) else 0
+
+
+def _report_to_extend(run_dir):
+    """(path of report.json, the report) of the run directory --report names, or None without one;
+    UsageError for anything that is not a harness run's readable report in a writable place."""
+    if run_dir is None:
+        return None
+    report_path = Path(run_dir) / "report.json"
+    if not run_dir or not report_path.is_file():
+        raise UsageError(f"--report {run_dir!r}: no report.json there (give a run directory, e.g. reports/latest)")
+    try:
+        report = json.loads(report_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise UsageError(f"--report {run_dir}: report.json cannot be read ({err}); give the directory of a "
+                         "finished run") from None
+    if not isinstance(report, dict) or not {"summary", "results"} <= report.keys():
+        raise UsageError(f"--report {run_dir}: report.json is not a harness run's report (no summary and results); "
+                         "give the directory of a finished run")
+    if (report_path.parent / "report.md").is_dir():
+        raise UsageError(f"--report {run_dir}: report.md there is a directory; move it away and run again")
+    return report_path, report
 
 
 def _plan(args):
@@ -321,7 +355,7 @@ def main(argv=None):
     try:
         args = _parser().parse_args(argv)
         stale = environment.stale_lock_line(environment.stale_build_locks(extensions))
-        if stale and args.command not in ("bench", "diff"):
+        if stale and args.command != "diff":
             raise UsageError(stale)
         commands = {"run": run, "references": record_references, "bench": run_benchmarks, "upstream": upstream.run,
                     "diff": report_diff.run}

@@ -4,20 +4,30 @@
 report_junit.py and report_md.py each render one format.
 """
 
+import os
+
 from . import report_json, report_junit, report_md
 
 
 def write(report, results, out):
     """report.json, junit.xml (from `results` and the run's parts/) and report.md into run directory `out`."""
-    report_json.write(report, out / "report.json")
+    _write_summaries(report, out)
     report_junit.write(results, out / "parts", out / "junit.xml")
-    report_md.write(report, out / "report.md")
 
 
 def rewrite_summaries(report, out):
     """report.json and report.md again, after a section was added to `report` (junit.xml is unchanged)."""
-    report_json.write(report, out / "report.json")
-    report_md.write(report, out / "report.md")
+    _write_summaries(report, out)
+
+
+def _write_summaries(report, out):
+    # Both rendered before either is written, each written whole or not at all: a report that fails to
+    # render, or an interrupted write, leaves the files as they were.
+    texts = {"report.json": report_json.dumps(report), "report.md": report_md.render_within_limit(report)}
+    for name, text in texts.items():
+        staged = out / f".{name}.tmp"
+        staged.write_text(text, encoding="utf-8")
+        os.replace(staged, out / name)
 
 
 def exit_status(report):

@@ -128,6 +128,6 @@ def build(*, run_id, suite, results, session, environment, complete, unmatched_e
     }
 
 
-def write(report, path):
-    """Write `report` to `path` as indented UTF-8 JSON; values JSON cannot hold (paths, ...) are written as str()."""
-    Path(path).write_text(json.dumps(report, indent=2, default=str) + "\n", encoding="utf-8")
+def dumps(report):
+    """`report` as the text of report.json: indented JSON; values JSON cannot hold (paths, ...) as str()."""
+    return json.dumps(report, indent=2, default=str) + "\n"

@@ -243,8 +243,3 @@ def render_within_limit(report, limit=LIMIT_BYTES):
     note = "\n\n> report.md cut at its size limit; the complete report is report.json.\n"
     return text.encode("utf-8")[:limit - len(note.encode())].decode("utf-8", "ignore") + note
 
-
-def write(report, path):
-    """Write report.md for `report` to `path` (UTF-8), at most LIMIT_BYTES (60,000) bytes (render_within_limit())."""
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(render_within_limit(report))

@@ -383,14 +383,22 @@ def test_an_unfinished_session_with_a_check_left_is_incomplete(tmp_path):
     assert finish(tmp_path, child_rc=-9)["complete"] is False
 
 
-def test_bench_adds_its_tables_to_a_runs_report(tmp_path, monkeypatch):
-    run_dir, benchmarks = tmp_path / "run", tmp_path / "benchmarks"
-    benchmarks.mkdir()
-    (benchmarks / "ratio_table.py").write_text(
-        "print('zero  ratio')\nprint('1     3.20x')\nprint('missed: zero1')\nraise SystemExit(1)\n")
+def _bench_setup(tmp_path, monkeypatch, benchmarks):
+    """A finished run's directory, and a benchmarks/ folder of `benchmarks` ({name: script text}) that
+    `harness bench` runs instead of the repository's."""
+    run_dir, folder = tmp_path / "run", tmp_path / "benchmarks"
+    folder.mkdir()
+    for name, text in benchmarks.items():
+        (folder / f"{name}.py").write_text(text)
     write_parts(run_dir, [result(f"{DEVICE}::t", "passed", "synchronize")])
     finish(run_dir, child_rc=0)
-    monkeypatch.setattr(cli, "BENCHMARKS", benchmarks)
+    monkeypatch.setattr(cli, "BENCHMARKS", folder)
+    return run_dir
+
+
+def test_bench_adds_its_tables_to_a_runs_report(tmp_path, monkeypatch):
+    run_dir = _bench_setup(tmp_path, monkeypatch, {"ratio_table": (
+        "print('zero  ratio')\nprint('1     3.20x')\nprint('missed: zero1')\nraise SystemExit(1)\n")})
     assert cli.main(["bench", "--only", "ratio_table", "--report", str(run_dir)]) == 1
     report = json.loads((run_dir / "report.json").read_text())
     assert report["performance"] == [{"benchmark": "ratio_table", "exit": 1,
@@ -399,3 +407,45 @@ def test_bench_adds_its_tables_to_a_runs_report(tmp_path, monkeypatch):
     assert "### Performance" in md and "`ratio_table`: missed a target or failed (exit 1)" in md
     assert "1     3.20x" in md
     assert cli.main(["bench", "--only", "ratio_table", "--report", str(tmp_path / "nowhere")]) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not-a-report", "report-md-is-a-directory", "empty-path"])
+def test_bench_refuses_a_report_it_cannot_extend_before_running_anything(tmp_path, monkeypatch, capsys, damage):
+    ran = tmp_path / "ran"
+    run_dir = _bench_setup(tmp_path, monkeypatch, {"table": f"open({str(ran)!r}, 'w')\nprint('1.00x')\n"})
+    report_json, report_md = run_dir / "report.json", run_dir / "report.md"
+    if damage == "truncated":
+        report_json.write_text(report_json.read_text()[:200])
+    elif damage == "not-a-report":
+        report_json.write_text("{}")
+    elif damage == "report-md-is-a-directory":
+        report_md.unlink()
+        report_md.mkdir()
+    before = {path.name: path.read_text() for path in (report_json, report_md) if path.is_file()}
+    assert cli.main(["bench", "--report", "" if damage == "empty-path" else str(run_dir)]) == 2
+    assert not ran.exists(), "the benchmark ran although its tables had nowhere to go"
+    assert {path.name: path.read_text() for path in (report_json, report_md) if path.is_file()} == before
+    assert capsys.readouterr().err.count("harness: error: --report") == 1
+
+
+def test_an_interrupted_bench_stops_its_benchmark_and_keeps_the_finished_tables(tmp_path, monkeypatch, capsys):
+    outlived = tmp_path / "outlived"
+    run_dir = _bench_setup(tmp_path, monkeypatch, {
+        "a_finishes": "print('a 1.00x')\n",
+        # a SIGTERM to the harness (a cancelled CI job) while this one runs; it must not get to write its file
+        "b_interrupted": ("import os, signal, time\nprint('b started', flush=True)\n"
+                          f"os.kill(os.getppid(), signal.SIGTERM)\ntime.sleep(30)\nopen({str(outlived)!r}, 'w')\n")})
+    assert cli.main(["bench", "--report", str(run_dir)]) == 130
+    assert not outlived.exists()
+    assert [t["benchmark"] for t in json.loads((run_dir / "report.json").read_text())["performance"]] == ["a_finishes"]
+    assert "harness: bench interrupted during b_interrupted" in capsys.readouterr().err
+
+
+def test_a_report_that_fails_to_render_leaves_its_files_as_they_were(tmp_path):
+    write_parts(tmp_path, [result(f"{DEVICE}::t", "passed", "synchronize")])
+    report = finish(tmp_path, child_rc=0)
+    before = {name: (tmp_path / name).read_text() for name in ("report.json", "report.md")}
+    del report["summary"]  # report.md cannot be rendered without it
+    with pytest.raises(KeyError):
+        report_files.rewrite_summaries(report, tmp_path)
+    assert {name: (tmp_path / name).read_text() for name in ("report.json", "report.md")} == before

@@ -1,0 +1,43 @@
+"""How every benchmark script starts and ends, as `python -m harness` does: DeepSpeed's ops load from
+the stack's prebuilt directory, a stale op build lock there is refused in one line (every load of that
+op would wait for it forever), and a Ctrl-C or SIGTERM ends the script with one line and exit 130.
+A child started with `dies_with_parent` as its preexec_fn is killed when the script ends, however it
+ends, so no rank outlives an interrupted benchmark."""
+
+import ctypes
+import signal
+import sys
+from pathlib import Path
+
+from harness import environment  # the scripts put the repository on sys.path before they import this
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: the child only calls it
+
+
+def dies_with_parent():
+    """preexec_fn for subprocess.Popen (Linux): the child gets SIGKILL when this process exits."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def run(main):
+    """sys.exit(main()), after the build-lock check; exit 2 with one line for a stale lock, 130 on an interrupt."""
+    prog = Path(sys.argv[0]).name
+    signal.signal(signal.SIGTERM, _interrupt)
+    # Started with SIGINT ignored (a shell script's background job), Python would ignore Ctrl-C and pass the
+    # ignoring on to every rank; a handler of our own is reset to the default in each child started.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stale = environment.stale_lock_line(environment.stale_build_locks(environment.use_stack_extensions()))
+    if stale:
+        print(f"{prog}: error: {stale}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        status = main()
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        status = 130
+    sys.exit(status)

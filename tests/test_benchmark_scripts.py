@@ -1,0 +1,68 @@
+"""The benchmark scripts as a user starts them by hand (`python benchmarks/NAME.py`): bad arguments and a
+stale op build lock end in one line and exit 2 before anything is measured, and what a script starts
+does not outlive it."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from harness.paths import BENCHMARKS, REPO
+
+
+def _run(script, *args, env=None, timeout=60):
+    return subprocess.run([sys.executable, str(BENCHMARKS / script), *args], cwd=REPO, capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("only", ["9-fp64-3", "2-fp32-3", "0-FP32", ""])
+def test_step_overhead_refuses_rows_it_does_not_have(only):
+    proc = _run("step_overhead.py", "--no-cpu", "--only", only)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "rows are STAGE-DTYPE or STAGE-DTYPE-WORLD" in proc.stderr.splitlines()[-1]
+    assert "zero  dtype" not in proc.stdout, "the table started although no row was named right"
+
+
+def test_peak_memory_refuses_unknown_arguments():
+    proc = _run("peak_memory.py", "--bogus")
+    assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr
+
+
+def test_a_benchmark_refuses_a_stale_build_lock_instead_of_waiting_for_it(tmp_path):
+    lock = tmp_path / "deepspeed_shm_comm" / "lock"
+    lock.parent.mkdir()
+    lock.touch()
+    old = time.time() - 3600
+    os.utime(lock, (old, old))
+    proc = _run("peak_memory.py", env={**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and str(lock) in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_what_a_benchmark_starts_dies_with_it(tmp_path):
+    script = tmp_path / "starts_a_child.py"
+    script.write_text(textwrap.dedent(f"""
+        import subprocess, sys
+        sys.path[:0] = [{str(BENCHMARKS)!r}, {str(REPO)!r}]
+        from _script import dies_with_parent
+        child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=dies_with_parent)
+        print(child.pid, flush=True)
+    """))
+    pid = int(subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                             check=True).stdout)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                break
+        except psutil.NoSuchProcess:
+            break
+        time.sleep(0.1)
+    else:
+        psutil.Process(pid).kill()
+        pytest.fail("the child was still running 10 s after the script that started it ended")
