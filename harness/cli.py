@@ -121,7 +121,7 @@ def run_benchmarks(args):
 
 def _report_to_extend(run_dir):
     """(path of report.json, the report) of the run directory --report names, or None without one;
-    UsageError for anything that is not a harness run's readable report in a writable place."""
+    UsageError where there is no harness run's readable report.json, or its report.md is a directory."""
     if run_dir is None:
         return None
     report_path = Path(run_dir) / "report.json"
