@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from . import (candidate_env, candidates, curves, environment, expectations, outcomes, process_group, references,
@@ -71,6 +72,8 @@ def _parser():
     bench.add_argument("--report", metavar="RUN_DIR",
                        help="a run directory (e.g. reports/latest): its report.json and report.md get a "
                             "Performance section with these tables")
+    bench.add_argument("benchmark_args", nargs=argparse.REMAINDER,
+                       help="after --, with --only: arguments for that benchmark (e.g. -- --only 1-fp32-1 --no-cpu)")
     return parser
 
 
@@ -86,19 +89,25 @@ def run_benchmarks(args):
     With --report, the tables also go into that run's report (report.json "performance", report.md): the
     report is checked before anything runs. A Ctrl-C or SIGTERM stops the benchmark running (its ranks
     with it) and adds the finished benchmarks' tables only; exit 130."""
+    benchmark_args = [arg for arg in args.benchmark_args if arg != "--"]
+    if benchmark_args and not args.only:
+        raise UsageError(f"arguments {' '.join(benchmark_args)!r} for a benchmark need --only NAME to say which")
     extended = _report_to_extend(args.report)
+    revision = environment.git_revision(REPO)
     tables, interrupted = [], None
     for name in [args.only] if args.only else benchmark_names():
         print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
         child, output = None, []
         try:
             with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
-                child = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py")], cwd=REPO, text=True,
-                                         stdout=subprocess.PIPE, start_new_session=True)
+                child = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py"), *benchmark_args], cwd=REPO,
+                                         text=True, stdout=subprocess.PIPE, start_new_session=True)
             for line in child.stdout:
                 print(line, end="", flush=True)
                 output.append(line)
-            tables.append({"benchmark": name, "exit": child.wait(), "output": "".join(output)})
+            tables.append({"benchmark": name, "exit": child.wait(), "output": "".join(output),
+                           "arguments": benchmark_args, "recorded": time.strftime("%Y-%m-%d %H:%M %Z"),
+                           "revision": revision})
         except KeyboardInterrupt:
             if child is not None:
                 process_group.stop(child, first=signal.SIGINT)

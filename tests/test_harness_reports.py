@@ -401,12 +401,25 @@ def test_bench_adds_its_tables_to_a_runs_report(tmp_path, monkeypatch):
         "print('zero  ratio')\nprint('1     3.20x')\nprint('missed: zero1')\nraise SystemExit(1)\n")})
     assert cli.main(["bench", "--only", "ratio_table", "--report", str(run_dir)]) == 1
     report = json.loads((run_dir / "report.json").read_text())
-    assert report["performance"] == [{"benchmark": "ratio_table", "exit": 1,
-                                      "output": "zero  ratio\n1     3.20x\nmissed: zero1\n"}]
+    [table] = report["performance"]
+    assert {key: table[key] for key in ("benchmark", "exit", "output", "arguments")} == {
+        "benchmark": "ratio_table", "exit": 1, "output": "zero  ratio\n1     3.20x\nmissed: zero1\n", "arguments": []}
+    assert table["revision"] == environment.git_revision(cli.REPO) and table["recorded"][:4].isdigit()
     md = (run_dir / "report.md").read_text()
-    assert "### Performance" in md and "`ratio_table`: missed a target or failed (exit 1)" in md
+    assert "### Performance" in md and f"({table['recorded']}, {table['revision'][:12]}): missed a target or failed" in md
     assert "1     3.20x" in md
     assert cli.main(["bench", "--only", "ratio_table", "--report", str(tmp_path / "nowhere")]) == 2
+
+
+def test_bench_passes_arguments_after_a_double_dash_to_the_one_benchmark_named(tmp_path, monkeypatch, capsys):
+    run_dir = _bench_setup(tmp_path, monkeypatch, {"echo": "import sys\nprint('args', *sys.argv[1:])\n"})
+    assert cli.main(["bench", "--only", "echo", "--report", str(run_dir), "--", "--only", "1-fp32-1", "--no-cpu"]) == 0
+    [table] = json.loads((run_dir / "report.json").read_text())["performance"]
+    assert table["output"] == "args --only 1-fp32-1 --no-cpu\n" and table["arguments"] == ["--only", "1-fp32-1", "--no-cpu"]
+    assert "`echo` (--only 1-fp32-1 --no-cpu, " in (run_dir / "report.md").read_text()
+    capsys.readouterr()
+    assert cli.main(["bench", "--", "--no-cpu"]) == 2  # which benchmark they are for is not said
+    assert "need --only NAME" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage", ["truncated", "not-a-report", "report-md-is-a-directory", "empty-path"])
