@@ -26,7 +26,11 @@ def test_runs_use_the_stack_prebuilt_ops_and_build_nothing():
     assert {path: path.stat().st_mtime_ns for path in root.glob("*/*.so")} == built
 
 
-def test_stale_lock_is_one_line_before_anything_runs(tmp_path):
+# every entry point that loads DeepSpeed's ops: the harness's runs and benchmarks, and a benchmark run by hand
+@pytest.mark.parametrize("command", [["-m", "harness", "run", "--backend", "cpu", "--suite", "interface"],
+                                     ["-m", "harness", "bench", "--only", "peak_memory"],
+                                     ["benchmarks/peak_memory.py"]], ids=["run", "bench", "benchmark-script"])
+def test_stale_lock_is_one_line_before_anything_runs(tmp_path, command):
     lock = tmp_path / "fused_adam" / "lock"
     lock.parent.mkdir()
     lock.touch()
@@ -34,8 +38,7 @@ def test_stale_lock_is_one_line_before_anything_runs(tmp_path):
     os.utime(lock, (old, old))
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
     started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", "interface"],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, *command], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stdout == "" and proc.stderr.count("\n") == 1, proc.stderr
     assert f"stale build lock {lock}: no process is building there" in proc.stderr
     assert time.monotonic() - started < 60
