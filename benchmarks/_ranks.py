@@ -6,7 +6,7 @@ import sys
 import tempfile
 import threading
 
-from _script import dies_with_parent
+from harness.process_group import dies_with_parent
 
 RESULT_PREFIX = "bench-result "  # rank 0's result lines, among whatever DeepSpeed logs to stdout
 TIMEOUT_S = 1800  # a world still running after this is stopped (a rank that died leaves the others waiting)

@@ -1,23 +1,14 @@
 """How every benchmark script starts and ends, as `python -m harness` does: DeepSpeed's ops load from
 the stack's prebuilt directory, a stale op build lock there is refused in one line (every load of that
 op would wait for it forever), and a Ctrl-C or SIGTERM ends the script with one line and exit 130.
-A child started with `dies_with_parent` as its preexec_fn is killed when the script ends, however it
-ends, so no rank outlives an interrupted benchmark."""
+What the scripts start gets `harness.process_group.dies_with_parent` as its preexec_fn: killed when the
+script ends, however it ends, so no rank outlives an interrupted benchmark."""
 
-import ctypes
 import signal
 import sys
 from pathlib import Path
 
 from harness import environment  # the scripts put the repository on sys.path before they import this
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
-_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: the child only calls it
-
-
-def dies_with_parent():
-    """preexec_fn for subprocess.Popen (Linux): the child gets SIGKILL when this process exits."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def _interrupt(signum, frame):

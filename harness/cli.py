@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 from . import (candidate_env, candidates, curves, environment, expectations, outcomes, process_group, references,
-               report_diff, report_files, report_json, run_dir, suites, training_cases, upstream)
+               report_diff, report_files, report_json, report_md, run_dir, suites, training_cases, upstream)
 from .paths import BENCHMARKS, REPO
 from .run_dir import OUT_ENV
 
@@ -87,50 +87,65 @@ def benchmark_names():
 def run_benchmarks(args):
     """Each benchmark runs in a process of its own and prints its table; exit 1 if one misses its target.
     With --report, the tables also go into that run's report (report.json "performance", report.md): the
-    report is checked before anything runs. A Ctrl-C or SIGTERM stops the benchmark running (its ranks
-    with it) and adds the finished benchmarks' tables only; exit 130."""
+    report is checked before anything runs. A benchmark that stops with a usage error (exit 2: arguments
+    it does not take) adds no table; exit 2. A Ctrl-C or SIGTERM stops the benchmark running (its ranks
+    with it; a second one kills them) and adds the finished benchmarks' tables only; exit 130."""
     benchmark_args = [arg for arg in args.benchmark_args if arg != "--"]
     if benchmark_args and not args.only:
         raise UsageError(f"arguments {' '.join(benchmark_args)!r} for a benchmark need --only NAME to say which")
+    if {"--worker", "-h", "--help"} & set(benchmark_args):
+        raise UsageError(f"--worker and --help are not arguments to measure with; run python benchmarks/{args.only}.py "
+                         "--help for the benchmark's own")
     extended = _report_to_extend(args.report)
-    revision = environment.git_revision(REPO)
-    tables, interrupted = [], None
-    for name in [args.only] if args.only else benchmark_names():
-        print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
-        child, output = None, []
-        try:
+    tables, children, stopped = [], [], None
+    try:
+        revision = environment.git_revision(REPO)
+        for name in [args.only] if args.only else benchmark_names():
+            stopped = name
+            print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
+            # Each child stays referenced until the end: a Popen freed here could take a Ctrl-C with it.
             with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
-                child = subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py"), *benchmark_args], cwd=REPO,
-                                         text=True, stdout=subprocess.PIPE, start_new_session=True)
-            for line in child.stdout:
+                children.append(subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py"), *benchmark_args],
+                                                 cwd=REPO, text=True, stdout=subprocess.PIPE, start_new_session=True,
+                                                 preexec_fn=process_group.dies_with_parent))
+            output = []
+            for line in children[-1].stdout:
                 print(line, end="", flush=True)
                 output.append(line)
-            tables.append({"benchmark": name, "exit": child.wait(), "output": "".join(output),
-                           "arguments": benchmark_args, "recorded": time.strftime("%Y-%m-%d %H:%M %Z"),
-                           "revision": revision})
-        except KeyboardInterrupt:
-            if child is not None:
-                process_group.stop(child, first=signal.SIGINT)
-            interrupted = name
-            break
-        finally:
-            if child is not None:
-                process_group.reap(child)
+            status = children[-1].wait()
+            if status == 2:
+                raise UsageError(f"benchmarks/{name}.py stopped with a usage error (exit 2, above); no table was added")
+            tables.append({"benchmark": name, "exit": status, "output": "".join(output), "arguments": benchmark_args,
+                           "recorded": time.strftime("%Y-%m-%d %H:%M %Z"), "revision": revision})
+        stopped = None
+    except KeyboardInterrupt:
+        if children and children[-1].poll() is None:
+            try:
+                process_group.stop(children[-1], first=signal.SIGINT)
+            except KeyboardInterrupt:  # asked twice: stop now
+                process_group.stop(children[-1], first=signal.SIGKILL)
+        stopped = stopped or "start-up"
+    finally:
+        for child in children:
+            process_group.reap(child)
     if extended is not None and tables:
         report_path, report = extended
         ran = {table["benchmark"] for table in tables}
         report["performance"] = [t for t in report.get("performance", []) if t["benchmark"] not in ran] + tables
-        report_files.rewrite_summaries(report, report_path.parent)
+        with process_group.interrupts_held():  # a report half written is worse than a Ctrl-C answered late
+            report_files.rewrite_summaries(report, report_path.parent)
         print(f"harness: performance tables added to {report_path.parent}/report.md", flush=True)
-    if interrupted:
-        print(f"harness: bench interrupted during {interrupted}; its table is not kept", file=sys.stderr, flush=True)
+    if stopped:
+        print(f"harness: bench interrupted during {stopped}; its table is not kept", file=sys.stderr, flush=True)
         return 130
     return 1 if any(table["exit"] for table in tables) else 0
 
 
 def _report_to_extend(run_dir):
-    """(path of report.json, the report) of the run directory --report names, or None without one;
-    UsageError where there is no harness run's readable report.json, or its report.md is a directory."""
+    """(path of report.json, the report) of the run directory --report names, or None without one.
+    UsageError, before anything runs, where the tables could not be added: no harness run's readable
+    report.json there, a performance section bench did not write, a report that does not render, or a
+    directory this process cannot write to."""
     if run_dir is None:
         return None
     report_path = Path(run_dir) / "report.json"
@@ -141,11 +156,22 @@ def _report_to_extend(run_dir):
     except (OSError, ValueError) as err:
         raise UsageError(f"--report {run_dir}: report.json cannot be read ({err}); give the directory of a "
                          "finished run") from None
-    if not isinstance(report, dict) or not {"summary", "results"} <= report.keys():
-        raise UsageError(f"--report {run_dir}: report.json is not a harness run's report (no summary and results); "
-                         "give the directory of a finished run")
+    if not isinstance(report, dict) or not {"summary", "results", "environment"} <= report.keys():
+        raise UsageError(f"--report {run_dir}: report.json is not a harness run's report (no summary, results and "
+                         "environment); give the directory of a finished run")
+    tables = report.get("performance", [])
+    if not (isinstance(tables, list) and all(isinstance(t, dict) and {"benchmark", "exit", "output"} <= t.keys()
+                                             for t in tables)):
+        raise UsageError(f"--report {run_dir}: report.json's performance section is not one harness bench wrote")
+    try:
+        report_md.render_within_limit(report)
+    except (KeyError, TypeError, ValueError, AttributeError) as err:
+        raise UsageError(f"--report {run_dir}: report.json does not render as a report ({err!r}); give the "
+                         "directory of a finished run") from None
     if (report_path.parent / "report.md").is_dir():
         raise UsageError(f"--report {run_dir}: report.md there is a directory; move it away and run again")
+    if not os.access(report_path.parent, os.W_OK):
+        raise UsageError(f"--report {run_dir}: the directory is not writable here; give a run directory you can write")
     return report_path, report
 
 

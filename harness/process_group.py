@@ -2,10 +2,20 @@
 own, so its ranks, launchers and multiprocessing pools share the child's process group."""
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
 import threading
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before any fork: the child only calls it
+
+
+def dies_with_parent():
+    """preexec_fn for subprocess.Popen (Linux): the child gets SIGKILL when the thread that started it
+    ends (its process exiting, however it exits: a SIGKILL included)."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def stop(process, first=signal.SIGTERM, wait_s=10):

@@ -26,8 +26,11 @@ def _write_summaries(report, out):
     texts = {"report.json": report_json.dumps(report), "report.md": report_md.render_within_limit(report)}
     for name, text in texts.items():
         staged = out / f".{name}.tmp"
-        staged.write_text(text, encoding="utf-8")
-        os.replace(staged, out / name)
+        try:
+            staged.write_text(text, encoding="utf-8")
+            os.replace(staged, out / name)
+        finally:
+            staged.unlink(missing_ok=True)
 
 
 def exit_status(report):

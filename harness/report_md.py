@@ -145,8 +145,9 @@ def _performance_section(report):
              "each measures and its targets)."]
     for table in tables:
         outcome = "targets met" if table["exit"] == 0 else f"missed a target or failed (exit {table['exit']})"
+        revision = table.get("revision") or ""
         when = ", ".join(filter(None, (" ".join(table.get("arguments") or ()), table.get("recorded"),
-                                       (table.get("revision") or "")[:12])))
+                                       revision[:12] + ("+dirty" if revision.endswith("+dirty") else ""))))
         body = _cut(table["output"].rstrip(), 8000, keep_end=True)
         lines += ["", f"`{table['benchmark']}`" + (f" ({when})" if when else "") + f": {outcome}", "", "```", body,
                   "```"]

@@ -406,7 +406,8 @@ def test_bench_adds_its_tables_to_a_runs_report(tmp_path, monkeypatch):
         "benchmark": "ratio_table", "exit": 1, "output": "zero  ratio\n1     3.20x\nmissed: zero1\n", "arguments": []}
     assert table["revision"] == environment.git_revision(cli.REPO) and table["recorded"][:4].isdigit()
     md = (run_dir / "report.md").read_text()
-    assert "### Performance" in md and f"({table['recorded']}, {table['revision'][:12]}): missed a target or failed" in md
+    shown = table["revision"][:12] + ("+dirty" if table["revision"].endswith("+dirty") else "")  # a work tree's edits show
+    assert "### Performance" in md and f"({table['recorded']}, {shown}): missed a target or failed" in md
     assert "1     3.20x" in md
     assert cli.main(["bench", "--only", "ratio_table", "--report", str(tmp_path / "nowhere")]) == 2
 
@@ -422,7 +423,8 @@ def test_bench_passes_arguments_after_a_double_dash_to_the_one_benchmark_named(t
     assert "need --only NAME" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("damage", ["truncated", "not-a-report", "report-md-is-a-directory", "empty-path"])
+@pytest.mark.parametrize("damage", ["truncated", "not-a-report", "another-tools-report", "foreign-performance",
+                                    "report-md-is-a-directory", "empty-path"])
 def test_bench_refuses_a_report_it_cannot_extend_before_running_anything(tmp_path, monkeypatch, capsys, damage):
     ran = tmp_path / "ran"
     run_dir = _bench_setup(tmp_path, monkeypatch, {"table": f"open({str(ran)!r}, 'w')\nprint('1.00x')\n"})
@@ -431,6 +433,10 @@ def test_bench_refuses_a_report_it_cannot_extend_before_running_anything(tmp_pat
         report_json.write_text(report_json.read_text()[:200])
     elif damage == "not-a-report":
         report_json.write_text("{}")
+    elif damage == "another-tools-report":
+        report_json.write_text('{"summary": {}, "results": []}')
+    elif damage == "foreign-performance":
+        report_json.write_text(json.dumps({**json.loads(report_json.read_text()), "performance": "fast"}))
     elif damage == "report-md-is-a-directory":
         report_md.unlink()
         report_md.mkdir()
@@ -439,6 +445,18 @@ def test_bench_refuses_a_report_it_cannot_extend_before_running_anything(tmp_pat
     assert not ran.exists(), "the benchmark ran although its tables had nowhere to go"
     assert {path.name: path.read_text() for path in (report_json, report_md) if path.is_file()} == before
     assert capsys.readouterr().err.count("harness: error: --report") == 1
+
+
+def test_a_benchmark_that_refuses_its_arguments_adds_no_table(tmp_path, monkeypatch, capsys):
+    run_dir = _bench_setup(tmp_path, monkeypatch, {"table": (
+        "import sys\nif sys.argv[1:]:\n    print('table.py: error: unrecognized arguments', file=sys.stderr)\n"
+        "    sys.exit(2)\nprint('1.00x')\n")})
+    assert cli.main(["bench", "--only", "table", "--report", str(run_dir)]) == 0
+    before = {name: (run_dir / name).read_text() for name in ("report.json", "report.md")}
+    capsys.readouterr()
+    assert cli.main(["bench", "--only", "table", "--report", str(run_dir), "--", "--bogus"]) == 2
+    assert {name: (run_dir / name).read_text() for name in ("report.json", "report.md")} == before
+    assert "benchmarks/table.py stopped with a usage error (exit 2, above)" in capsys.readouterr().err
 
 
 def test_an_interrupted_bench_stops_its_benchmark_and_keeps_the_finished_tables(tmp_path, monkeypatch, capsys):
