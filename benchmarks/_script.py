@@ -4,24 +4,16 @@ op would wait for it forever), and a Ctrl-C or SIGTERM ends the script with one 
 What the scripts start gets `harness.process_group.dies_with_parent` as its preexec_fn: killed when the
 script ends, however it ends, so no rank outlives an interrupted benchmark."""
 
-import signal
 import sys
 from pathlib import Path
 
-from harness import environment  # the scripts put the repository on sys.path before they import this
-
-
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
+from harness import environment, process_group  # the scripts put the repository on sys.path before they import this
 
 
 def run(main):
     """sys.exit(main()), after the build-lock check; exit 2 with one line for a stale lock, 130 on an interrupt."""
     prog = Path(sys.argv[0]).name
-    signal.signal(signal.SIGTERM, _interrupt)
-    # Started with SIGINT ignored (a shell script's background job), Python would ignore Ctrl-C and pass the
-    # ignoring on to every rank; a handler of our own is reset to the default in each child started.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    process_group.interrupts_raise()
     stale = environment.stale_lock_line(environment.stale_build_locks(environment.use_stack_extensions()))
     if stale:
         print(f"{prog}: error: {stale}", file=sys.stderr)

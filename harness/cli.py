@@ -14,7 +14,6 @@ that does owns the chips); this process turns what the child streamed into the r
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -97,11 +96,11 @@ def run_benchmarks(args):
         raise UsageError(f"--worker and --help are not arguments to measure with; run python benchmarks/{args.only}.py "
                          "--help for the benchmark's own")
     extended = _report_to_extend(args.report)
-    tables, children, stopped = [], [], None
+    tables, children, current, interrupted = [], [], "start-up", None
     try:
         revision = environment.git_revision(REPO)
         for name in [args.only] if args.only else benchmark_names():
-            stopped = name
+            current = name
             print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
             # Each child stays referenced until the end: a Popen freed here could take a Ctrl-C with it.
             with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
@@ -117,14 +116,10 @@ def run_benchmarks(args):
                 raise UsageError(f"benchmarks/{name}.py stopped with a usage error (exit 2, above); no table was added")
             tables.append({"benchmark": name, "exit": status, "output": "".join(output), "arguments": benchmark_args,
                            "recorded": time.strftime("%Y-%m-%d %H:%M %Z"), "revision": revision})
-        stopped = None
     except KeyboardInterrupt:
+        interrupted = current
         if children and children[-1].poll() is None:
-            try:
-                process_group.stop(children[-1], first=signal.SIGINT)
-            except KeyboardInterrupt:  # asked twice: stop now
-                process_group.stop(children[-1], first=signal.SIGKILL)
-        stopped = stopped or "start-up"
+            process_group.stop_interrupted(children[-1])
     finally:
         for child in children:
             process_group.reap(child)
@@ -135,8 +130,8 @@ def run_benchmarks(args):
         with process_group.interrupts_held():  # a report half written is worse than a Ctrl-C answered late
             report_files.rewrite_summaries(report, report_path.parent)
         print(f"harness: performance tables added to {report_path.parent}/report.md", flush=True)
-    if stopped:
-        print(f"harness: bench interrupted during {stopped}; its table is not kept", file=sys.stderr, flush=True)
+    if interrupted:
+        print(f"harness: bench interrupted during {interrupted}; its table is not kept", file=sys.stderr, flush=True)
         return 130
     return 1 if any(table["exit"] for table in tables) else 0
 
@@ -220,11 +215,7 @@ def _run_child(command, env):
     except KeyboardInterrupt:
         if child is None:
             raise
-        try:
-            return process_group.stop(child, first=signal.SIGINT, wait_s=60), True
-        except KeyboardInterrupt:  # asked twice: stop now
-            child.kill()
-            return child.wait(), True
+        return process_group.stop_interrupted(child, wait_s=60), True
     finally:
         if child is not None:
             process_group.reap(child)
@@ -374,18 +365,10 @@ def record_references(args):
     return 1 if failed else 0
 
 
-def _interrupt(signum, frame):
-    raise KeyboardInterrupt(f"signal {signum}")
-
-
 def main(argv=None):
     """Entry point of `python -m harness`: the exit status of the subcommand `argv` (default sys.argv[1:]) names, or 2 with
     a one-line `harness: error:` on stderr for bad usage (argparse errors and stale DeepSpeed op build locks included)."""
-    # A cancelled CI job gets SIGTERM: stop like a Ctrl-C (children stopped, report written, marked incomplete).
-    signal.signal(signal.SIGTERM, _interrupt)
-    # Started with SIGINT ignored (a background job of a shell script), Python would ignore Ctrl-C here and pass
-    # the ignoring on to every child; a handler of our own is reset to the default in each child started.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    process_group.interrupts_raise()  # a SIGTERM too: children stopped, report written, marked incomplete
     extensions = environment.use_stack_extensions()
     try:
         args = _parser().parse_args(argv)

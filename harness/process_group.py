@@ -18,6 +18,22 @@ def dies_with_parent():
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def interrupts_raise():
+    """Make a Ctrl-C and a SIGTERM raise KeyboardInterrupt in this process (main thread), so that an entry
+    point stops the way it does for a Ctrl-C: children stopped, what was finished written down.
+
+    A cancelled CI job gets SIGTERM. A process started with SIGINT ignored (a background job of a shell
+    script) would ignore Ctrl-C and pass the ignoring on to every child; a handler of our own is reset to
+    the default in each child started.
+    """
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def stop(process, first=signal.SIGTERM, wait_s=10):
     """Send `first` to the child's process group, SIGKILL it after wait_s; the child's exit status.
 
@@ -32,6 +48,15 @@ def stop(process, first=signal.SIGTERM, wait_s=10):
             continue
     _signal_group(process.pid, signal.SIGKILL)
     return process.returncode
+
+
+def stop_interrupted(process, wait_s=10):
+    """After a Ctrl-C or SIGTERM here: forward it to the child's group as SIGINT (the child ends what it
+    was doing and says so), SIGKILL after wait_s, or at once if asked again; the child's exit status."""
+    try:
+        return stop(process, first=signal.SIGINT, wait_s=wait_s)
+    except KeyboardInterrupt:  # asked twice: stop now
+        return stop(process, first=signal.SIGKILL)
 
 
 @contextlib.contextmanager
