@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _script import run  # noqa: E402
+from harness.process_group import interrupted_with_parent  # noqa: E402
 
 TARGET_S = {"smoke": 180, "all": 900}
 # The runtime starts lazily: time it up to a first tensor on the device and back.
@@ -56,7 +57,8 @@ def main():
         proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", args.suite,
                                  "--workers", str(args.workers), "--reference", args.reference, "--out", f"{out}/run"],
                                 cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                                env=dict(os.environ, HARNESS_REPORTS_DIR=out))
+                                env=dict(os.environ, HARNESS_REPORTS_DIR=out),
+                                preexec_fn=interrupted_with_parent)  # a run left behind would go on for minutes
         try:
             _, stderr = proc.communicate()
         except KeyboardInterrupt:  # the run stops its checks and their ranks on SIGTERM, not on a kill

@@ -206,11 +206,13 @@ def _run_child(command, env):
     The child runs in a session of its own, so whatever its checks start (launchers, ranks,
     pools) can be stopped with it; a Ctrl-C or SIGTERM here is forwarded to it as SIGINT, so
     pytest ends the check in progress and streams what it has.
+    It gets SIGINT too when this process dies without forwarding anything (a SIGKILL, the OOM killer).
     """
     child = None
     try:
         with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
-            child = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True)
+            child = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True,
+                                     preexec_fn=process_group.interrupted_with_parent)
         return child.wait(), False
     except KeyboardInterrupt:
         if child is None:

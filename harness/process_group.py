@@ -18,6 +18,14 @@ def dies_with_parent():
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def interrupted_with_parent():
+    """preexec_fn for subprocess.Popen (Linux): the child gets SIGINT when the thread that started it
+    ends, a SIGKILL of its process included. For a child that stops what it started on a Ctrl-C
+    (pytest: its workers end their checks, whose launchers kill their ranks), where a SIGKILL would
+    leave all that running."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGINT)
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 

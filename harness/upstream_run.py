@@ -90,7 +90,7 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
                      "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])}
         with open(log_path, "w", encoding="utf-8") as log:
             process = subprocess.Popen(command, cwd=tests_dir, env=child_env, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True)
+                                       start_new_session=True, preexec_fn=process_group.interrupted_with_parent)
             stopped, session_started = None, time.time()
             try:
                 while process.poll() is None:

@@ -16,16 +16,17 @@ REPO = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = str(REPO / "fixtures" / "collectives.py")
 
 
-def start_harness(tmp_path, suite, *args, env=None, sigint_ignored=False):
+def start_harness(tmp_path, suite, *args, env=None, sigint_ignored=False, output=subprocess.PIPE):
     """(process, run directory) of `python -m harness run --suite SUITE ARGS` in a session of its own,
     which stands in for a terminal's foreground process group or a CI job; with sigint_ignored, started
-    as a shell script's background job is (bash ignores SIGINT there, and the ignoring is inherited)."""
+    as a shell script's background job is (bash ignores SIGINT there, and the ignoring is inherited).
+    Its output goes to `output` (a file, or a pipe read by communicate())."""
     out = tmp_path / "run"
     env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports"), **(env or {})}
     ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--suite", suite,
                              "--out", str(out), *args], cwd=REPO, env=env, start_new_session=True,
-                            preexec_fn=ignore_sigint, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                            preexec_fn=ignore_sigint, stdout=output, stderr=subprocess.STDOUT, text=True)
     return proc, out
 
 
@@ -99,3 +100,31 @@ def test_sigterm_while_the_candidate_imports_stops_the_run_before_any_check(tmp_
     assert started.exists(), "the check process never began importing the candidate"
     report = stopped_by_sigterm(proc, out)
     assert report["results"] == [], "the interrupt was taken for the candidate's failure, and checks ran on"
+
+
+def _alive(process):
+    try:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:  # gone since it was listed
+        return False
+
+
+def test_a_killed_harness_leaves_nothing_running(tmp_path):
+    """A SIGKILL of the harness alone (the OOM killer, `kill -9`) forwards nothing: its checks, their
+    launchers and ranks must stop on their own, not run the suite (minutes) to its end unwatched."""
+    # Output to a file: a closed pipe would stop the checks at their next line, as no CI log does.
+    with open(tmp_path / "harness.log", "w") as log:
+        proc, out = start_harness(tmp_path, "smoke", output=log)
+    deadline = time.monotonic() + 300
+    ranks = []
+    while time.monotonic() < deadline and not ranks:
+        ranks = [p for p in processes_of_run(out) if any("/fixtures/" in part for part in p.cmdline())]
+        time.sleep(0.5)
+    assert ranks, "no training or collectives fixture started"
+    proc.kill()
+    proc.wait(timeout=60)
+    deadline, left = time.monotonic() + 30, ["not looked yet"]
+    while time.monotonic() < deadline and left:
+        time.sleep(1)
+        left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if _alive(p)]
+    assert left == [], f"processes outlived the killed harness by 30 s: {left}"
