@@ -154,9 +154,7 @@ def _report_to_extend(run_dir):
     if not isinstance(report, dict) or not {"summary", "results", "environment"} <= report.keys():
         raise UsageError(f"--report {run_dir}: report.json is not a harness run's report (no summary, results and "
                          "environment); give the directory of a finished run")
-    tables = report.get("performance", [])
-    if not (isinstance(tables, list) and all(isinstance(t, dict) and {"benchmark", "exit", "output"} <= t.keys()
-                                             for t in tables)):
+    if not report_json.performance_is_valid(report):
         raise UsageError(f"--report {run_dir}: report.json's performance section is not one harness bench wrote")
     try:
         report_md.render_within_limit(report)

@@ -2,14 +2,21 @@
 and this pull request's run, say): regressions, fixes, new and removed checks, other changes.
 
 A regression is a check that did not fail in OLD (passed, expected failure, skipped) and fails
-in NEW (failed, error, flaky); a fix is the reverse. Exit status: 1 when NEW has regressions,
-0 otherwise, 2 when a file is missing or is not a report.json.
+in NEW (failed, error, flaky); a fix is the reverse. The benchmark tables `harness bench --report`
+added are compared the same way, as `performance/NAME` with status `met` (the benchmark exited 0)
+or `missed` (any other exit: a target missed or a row failed), the message being the table's last
+line, its verdict; where NEW has no performance section (no bench ran on it) they are left out,
+not listed as removed. Exit status: 1 when NEW has regressions, 0 otherwise, 2 when a file is
+missing or is not a report.json.
 """
 
 import json
 from pathlib import Path
 
-from .report_json import FAILING, SCHEMA_VERSION
+from .report_json import FAILING, SCHEMA_VERSION, performance_is_valid
+
+
+_FAILING = FAILING + ("missed",)  # a benchmark that missed its target fails like a check
 
 
 class DiffError(ValueError):
@@ -27,13 +34,22 @@ def load(path):
         raise DiffError(f"{path} is not a report.json: {err}") from None
     if not isinstance(report, dict) or report.get("schema_version") != SCHEMA_VERSION or "results" not in report:
         raise DiffError(f"{path} is not a report.json of schema version {SCHEMA_VERSION}")
+    if not performance_is_valid(report):
+        raise DiffError(f"{path}: its performance section is not one harness bench wrote")
     return report
+
+
+def _performance_results(report):
+    """A report's benchmark tables as results: {"id": "performance/NAME", "status": "met" or "missed", "message"}."""
+    return [{"id": f"performance/{table['benchmark']}", "status": "met" if table["exit"] == 0 else "missed",
+             "message": (table["output"].strip().splitlines() or [""])[-1]} for table in report.get("performance", [])]
 
 
 def compare(old, new):
     """{kind: [(id, old status, new status, new message)]} for regressions, fixes, new, removed, changed."""
-    before = {r["id"]: r for r in old["results"]}
-    after = {r["id"]: r for r in new["results"]}
+    benchmarked = bool(new.get("performance"))
+    before = {r["id"]: r for r in old["results"] + (_performance_results(old) if benchmarked else [])}
+    after = {r["id"]: r for r in new["results"] + _performance_results(new)}
     changes = {"regressions": [], "fixes": [], "new": [], "removed": [], "changed": []}
     for test_id, result in after.items():
         was = before[test_id]["status"] if test_id in before else None
@@ -41,9 +57,9 @@ def compare(old, new):
             kind = "new"
         elif was == result["status"]:
             continue
-        elif result["status"] in FAILING and was not in FAILING:
+        elif result["status"] in _FAILING and was not in _FAILING:
             kind = "regressions"
-        elif was in FAILING and result["status"] not in FAILING:
+        elif was in _FAILING and result["status"] not in _FAILING:
             kind = "fixes"
         else:
             kind = "changed"

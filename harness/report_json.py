@@ -128,6 +128,14 @@ def build(*, run_id, suite, results, session, environment, complete, unmatched_e
     }
 
 
+def performance_is_valid(report):
+    """Whether `report`'s performance section (absent, or what `harness bench --report` writes) is a list of
+    tables, each a dict with at least "benchmark" (its name), "exit" (its exit status) and "output" (its table)."""
+    tables = report.get("performance", [])
+    return isinstance(tables, list) and all(isinstance(t, dict) and {"benchmark", "exit", "output"} <= t.keys()
+                                            for t in tables)
+
+
 def dumps(report):
     """`report` as the text of report.json: indented JSON; values JSON cannot hold (paths, ...) as str()."""
     return json.dumps(report, indent=2, default=str) + "\n"

@@ -345,6 +345,39 @@ def test_diff_lists_regressions_fixes_new_and_removed_checks(tmp_path):
     assert "  changed: e (xfailed -> xpassed): xpassed msg" in lines
 
 
+def with_tables(report, exits):
+    return {**report, "performance": [{"benchmark": name, "exit": status, "arguments": [],
+                                       "output": f"zero  ratio\n{name} verdict (exit {status})\n"}
+                                      for name, status in exits.items()]}
+
+
+def test_diff_compares_the_benchmark_tables_by_their_verdicts(tmp_path):
+    old = with_tables(report_with({"a": "passed"}), {"step_overhead": 0, "collectives": 1, "gone": 0, "same": 0})
+    new = with_tables(report_with({"a": "passed"}), {"step_overhead": 1, "collectives": 0, "fresh": 0, "same": 0})
+    for name, report in (("old", old), ("new", new), ("unbenchmarked", report_with({"a": "passed"}))):
+        (tmp_path / f"{name}.json").write_text(json.dumps(report))
+
+    def diff(before, after):
+        return subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / f"{before}.json"),
+                               str(tmp_path / f"{after}.json")], cwd=cli.REPO, capture_output=True, text=True,
+                              timeout=120)
+
+    proc = diff("old", "new")
+    assert proc.returncode == 1, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].endswith("1 regressions, 1 fixes, 1 new, 1 removed, 0 changed")
+    assert "  regression: performance/step_overhead (met -> missed): step_overhead verdict (exit 1)" in lines
+    assert "  fix: performance/collectives (missed -> met): collectives verdict (exit 0)" in lines
+    assert "  new: performance/fresh (- -> met): fresh verdict (exit 0)" in lines
+    assert "  removed: performance/gone (met -> -)" in lines
+    # A run no bench ran on says nothing about performance: no table is listed as removed.
+    proc = diff("old", "unbenchmarked")
+    assert proc.returncode == 0 and proc.stdout.splitlines()[0].endswith("0 removed, 0 changed"), proc.stdout
+    (tmp_path / "bad.json").write_text(json.dumps({**report_with({"a": "passed"}), "performance": [{"exit": 0}]}))
+    proc = diff("old", "bad")
+    assert proc.returncode == 2 and "performance section is not one harness bench wrote" in proc.stderr
+
+
 @pytest.mark.parametrize("content, reason", [(None, "does not exist"), ("{", "is not a report.json"),
                                              ('{"schema_version": 9}', "is not a report.json of schema version 1")])
 def test_diff_of_something_that_is_not_a_report_is_one_line(tmp_path, content, reason):
