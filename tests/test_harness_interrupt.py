@@ -59,6 +59,17 @@ def processes_of_run(out):
     return found
 
 
+def wait_for_ranks(out, is_rank, timeout_s=300):
+    """The processes of the run whose command line (a list) `is_rank` accepts, once there is one; [] after timeout_s."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        ranks = [p for p in processes_of_run(out) if is_rank(p.cmdline())]
+        if ranks:
+            return ranks
+        time.sleep(0.5)
+    return []
+
+
 def stopped_by_sigterm(proc, out):
     """SIGTERM the harness alone (a cancelled CI job) and assert that it fails with a report marked
     incomplete and that nothing started for the run outlives it; the report."""
@@ -76,12 +87,7 @@ def stopped_by_sigterm(proc, out):
 def test_sigterm_stops_every_rank_and_writes_incomplete_report(tmp_path):
     """A cancelled CI job: SIGTERM to the harness alone, while DeepSpeed's launcher runs ranks."""
     proc, out = start_harness(tmp_path, "collectives")
-    deadline = time.monotonic() + 300
-    ranks = []
-    while time.monotonic() < deadline and not ranks:
-        ranks = [p for p in processes_of_run(out) if RANK_SCRIPT in p.cmdline()]
-        time.sleep(0.5)
-    assert ranks, "no rank of the collectives fixture started"
+    assert wait_for_ranks(out, lambda cmdline: RANK_SCRIPT in cmdline), "no rank of the collectives fixture started"
     stopped_by_sigterm(proc, out)
 
 
@@ -115,12 +121,8 @@ def test_a_killed_harness_leaves_nothing_running(tmp_path):
     # Output to a file: a closed pipe would stop the checks at their next line, as no CI log does.
     with open(tmp_path / "harness.log", "w") as log:
         proc, out = start_harness(tmp_path, "smoke", output=log)
-    deadline = time.monotonic() + 300
-    ranks = []
-    while time.monotonic() < deadline and not ranks:
-        ranks = [p for p in processes_of_run(out) if any("/fixtures/" in part for part in p.cmdline())]
-        time.sleep(0.5)
-    assert ranks, "no training or collectives fixture started"
+    assert wait_for_ranks(out, lambda cmdline: any("/fixtures/" in part for part in cmdline)), \
+        "no training or collectives fixture started"
     proc.kill()
     proc.wait(timeout=60)
     deadline, left = time.monotonic() + 30, ["not looked yet"]
