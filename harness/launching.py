@@ -18,6 +18,7 @@ from .candidate_env import accelerator_env
 
 DEEPSPEED_RUNNER = ("-m", "deepspeed.launcher.runner")
 SHM_DIR = Path("/dev/shm")
+SESSION_LEADER = Path(__file__).with_name("session_leader.py")
 SHM_SETTLE_S = 5.0  # a job maps its buffer microseconds after writing it: older and unmapped means abandoned
 
 
@@ -99,15 +100,17 @@ def release_unused_shm_buffers(since, shm_dir=SHM_DIR, proc_root="/proc", settle
 def run_in_session(cmd, env, workdir, log_path, timeout, port=None):
     """Run `cmd` in its own session and, whatever happens (exit, failure, timeout), kill the
     whole session before returning, so no rank a launcher started outlives the run; then release
-    the shared-memory buffers of the job on `port`."""
+    the shared-memory buffers of the job on `port`. The session's leader (session_leader.py) kills
+    it as well if this process dies first, a SIGKILL included."""
     start = time.monotonic()
     with open(log_path, "w") as log:
         proc = None
         timed_out = False
         try:
             with process_group.interrupts_held():  # a Ctrl-C while it starts would orphan the launcher
-                proc = subprocess.Popen(cmd, cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
+                proc = subprocess.Popen([sys.executable, "-I", "-S", str(SESSION_LEADER), str(os.getpid()), *cmd],
+                                        cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                        start_new_session=True, preexec_fn=process_group.terminated_with_parent)
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True

@@ -18,6 +18,13 @@ def dies_with_parent():
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
+def terminated_with_parent():
+    """preexec_fn for subprocess.Popen (Linux): the child gets SIGTERM when the thread that started it
+    ends, a SIGKILL of its process included. For session_leader.py, which answers it by killing its
+    process group."""
+    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def interrupted_with_parent():
     """preexec_fn for subprocess.Popen (Linux): the child gets SIGINT when the thread that started it
     ends, a SIGKILL of its process included. For a child that stops what it started on a Ctrl-C

@@ -2,13 +2,19 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
+import psutil
 import pytest
 
 from harness import process_group
-from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers
+from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers, run_in_session
 from harness.paths import FIXTURES
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _buffer(shm_dir, uid, port, rank, addr="127.0.0.1"):
@@ -89,3 +95,58 @@ def test_an_interrupt_held_while_a_child_fails_to_start_still_arrives():
     finally:
         signal.signal(signal.SIGINT, previous)
     assert isinstance(raised.value.__context__, FileNotFoundError)
+
+
+# A launcher as DeepSpeed's single-node runner is one: it starts a rank, passes no signal on, and waits.
+LAUNCHER = """
+import subprocess, sys
+rank = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+open(sys.argv[1], "w").write(str(rank.pid))
+rank.wait()
+"""
+
+# A check process: it runs the launcher through run_in_session, as the harness's checks do.
+CHECK = """
+import os, sys
+from pathlib import Path
+from harness.launching import run_in_session
+workdir = Path(sys.argv[1])
+run_in_session([sys.executable, "-c", sys.argv[2], str(workdir / "rank.pid")], dict(os.environ), workdir,
+               workdir / "launch.log", timeout=600)
+"""
+
+
+def _alive(pid):
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_killed_check_process_leaves_no_rank_running(tmp_path):
+    """The OOM killer picking a check process (a pytest worker) runs none of its cleanup: its launch's
+    session must end with it, not run its ranks on unwatched."""
+    check = subprocess.Popen([sys.executable, "-c", CHECK, str(tmp_path), LAUNCHER], cwd=REPO)
+    pid_file, deadline = tmp_path / "rank.pid", time.monotonic() + 60
+    while time.monotonic() < deadline and not (pid_file.is_file() and pid_file.read_text()):
+        time.sleep(0.1)
+    rank = int(pid_file.read_text())
+    assert _alive(rank)
+    check.kill()
+    check.wait()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _alive(rank):
+        time.sleep(0.1)
+    if _alive(rank):
+        os.kill(rank, signal.SIGKILL)
+        pytest.fail("the rank outlived its killed check process by 10 s")
+
+
+@pytest.mark.parametrize("code, returncode", [("sys.exit(3)", 3), ("os.kill(os.getpid(), signal.SIGABRT)", -6),
+                                              ("os.kill(os.getpid(), signal.SIGKILL)", -9)])
+def test_a_launch_ends_as_its_command_did(tmp_path, code, returncode):
+    """The session's leader stands between run_in_session and the command: the exit status, or the
+    signal that killed the command, and its output still come through as the command's own."""
+    command = [sys.executable, "-c", f"import os, signal, sys; print('said', flush=True); {code}"]
+    run = run_in_session(command, dict(os.environ), tmp_path, tmp_path / "launch.log", timeout=60)
+    assert (run.returncode, run.log) == (returncode, "said\n")
