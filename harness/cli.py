@@ -312,7 +312,7 @@ def run(args):
     command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
                "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference,
                "--harness-suite", args.suite, "-q", "-rfEX",
-               *(["-n", str(args.workers), "--dist", "loadfile"] if args.workers else [])]
+               *(["-n", str(args.workers), "--dist", "loadfile", "-p", "harness.xdist_crashes"] if args.workers else [])]
     pytest_args = [a for a in args.pytest_args if a != "--"]
     print(f"harness: suite {args.suite} on {args.backend}, candidate {spec.text}: {len(modules)} modules -> {out}",
           flush=True)

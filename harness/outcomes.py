@@ -26,6 +26,7 @@ def _clip(text, limit):
 
 
 TIMEOUT_MARK = "Timeout (>"  # pytest-timeout's failure message
+CRASH_PHASE = "???"  # pytest-xdist's phase for a check whose worker died (the message says it all)
 
 
 def status_of(reports):
@@ -84,7 +85,7 @@ def result_record(nodeid, reports):
         else:
             message = _text(deciding.longrepr)
         if status in ("failed", "error"):
-            if deciding.when != "call":
+            if deciding.when not in ("call", CRASH_PHASE):
                 message = f"error in {deciding.when}: {message}"
             traceback = getattr(deciding, "longreprtext", "") or ""
     return build_result(nodeid, status, message, area=meta.get("area"), method=meta.get("method"),
