@@ -15,7 +15,8 @@ that takes its worker's process down), pytest-xdist 3.8's file scheduler
 These are pytest-xdist issues #784, #1323, #1327 and #1378 (fixed after 3.8, unreleased). Here a
 dead worker's crashed check counts as done (xdist has reported it failed), only files with
 checks still to run go back on the queue, and a worker is kept at two pending checks or told to
-stop. `pytest_xdist_make_scheduler` installs it for `--dist loadfile`: `-p harness.xdist_crashes`.
+stop. A worker that dies between its last report and the work it is then sent (execnet: "cannot send")
+is left for remove_node. `pytest_xdist_make_scheduler` installs it for `--dist loadfile`: `-p harness.xdist_crashes`.
 
 xdist reports the crashed check as failed in phase "???" with "worker 'gw1' crashed while running
 ...": `pytest_handlecrashitem` words it as the harness words a crash without workers, with the
@@ -53,7 +54,10 @@ class CrashSafeLoadFileScheduling(LoadFileScheduling):
         """Give `node` files until it has two pending checks, or tell it to stop once none are left."""
         while True:
             before = self._pending_of(self.assigned_work[node])
-            super()._reschedule(node)
+            try:
+                super()._reschedule(node)
+            except OSError:  # it died after its last report; remove_node, next, requeues what it was given
+                return
             after = self._pending_of(self.assigned_work[node])
             if node.shutting_down or after >= 2 or after == before:
                 return

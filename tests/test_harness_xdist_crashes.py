@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["pytester"]  # a real pytest config, for the scheduler's unit test
+
 REPO = Path(__file__).resolve().parents[1]
 
 # file -> its tests; test_b's second test takes its worker down, as the OOM killer would.
@@ -33,3 +35,43 @@ def test_a_crashed_worker_costs_its_check_only(tmp_path, workers):
     summary = run.stdout.strip().splitlines()[-1]
     assert "1 failed, 8 passed" in summary, run.stdout + run.stderr
     assert "FAILED test_b.py::test_b2" in run.stdout, run.stdout
+
+
+class DyingWorker:
+    """A worker as the scheduler sees it (xdist's WorkerController), whose process has died: every
+    command sent to it fails as execnet's send to a closed channel does."""
+
+    def __init__(self, name, dead_after_sends):
+        self.gateway = type("Gateway", (), {"id": name})()
+        self.shutting_down = False
+        self.sent, self.dead_after_sends = [], dead_after_sends
+
+    def send_runtest_some(self, indices):
+        if len(self.sent) >= self.dead_after_sends:
+            raise OSError("cannot send (already closed?)")
+        self.sent.append(indices)
+
+    def shutdown(self):
+        self.shutting_down = True
+
+
+def test_work_sent_to_a_worker_that_just_died_goes_to_the_next_one(pytester):
+    """The worker died after its last report, before xdist handled its death: the work sent on that
+    report fails to send, and must neither end the run nor be lost."""
+    from harness.xdist_crashes import CrashSafeLoadFileScheduling
+    collection = [f"test_{f}.py::test_{f}{i}" for f, n in (("a", 3), ("b", 3), ("c", 2)) for i in range(1, n + 1)]
+    scheduler = CrashSafeLoadFileScheduling(pytester.parseconfig("--tx", "popen", "--dist", "loadfile"))
+    dying = DyingWorker("gw0", dead_after_sends=2)
+    scheduler.add_node(dying)
+    scheduler.add_node_collection(dying, collection)
+    scheduler.schedule()
+    for index in range(4):  # test_a1-a3 and test_b1 reported; then test_b2 took its worker down
+        scheduler.mark_test_complete(dying, index)
+    assert [[collection[i] for i in indices] for indices in dying.sent] == [collection[:3], collection[3:6]]
+    assert scheduler.remove_node(dying) == "test_b.py::test_b2"
+    replacement = DyingWorker("gw1", dead_after_sends=10)
+    scheduler.add_node(replacement)
+    scheduler.add_node_collection(replacement, collection)
+    scheduler.schedule()
+    assert [collection[i] for indices in replacement.sent for i in indices] == [
+        "test_b.py::test_b3", "test_c.py::test_c1", "test_c.py::test_c2"]
