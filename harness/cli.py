@@ -238,9 +238,8 @@ def _run_isolating_crashes(command, targets, pytest_args, env, parts):
         if collected is None or not crashed:
             return returncode, interrupted
         for nodeid in crashed:
-            report_json.append_lost_check(
-                parts, nodeid, f"the check's process ended ({process_group.how_it_ended(returncode)}) before the check "
-                               "finished; the other checks ran on in a new process")
+            report_json.append_lost_check(parts, nodeid,
+                                          outcomes.lost_check_message(process_group.how_it_ended(returncode)))
         done = set(started)
         pending = [nodeid for nodeid in collected if nodeid not in done]
         print(f"harness: {crashed[-1]} ended its process ({process_group.how_it_ended(returncode)}); "

@@ -29,6 +29,14 @@ TIMEOUT_MARK = "Timeout (>"  # pytest-timeout's failure message
 CRASH_PHASE = "???"  # pytest-xdist's phase for a check whose worker died (the message says it all)
 
 
+def lost_check_message(ended, worker=None):
+    """The message of a check whose process ended under it: `ended` says how ('signal 6 (SIGABRT)', or
+    None where unknown), `worker` names the pytest-xdist worker it ran on (None: the run's one process)."""
+    return (f"the check's process{f' (pytest-xdist worker {worker})' if worker else ''} ended"
+            f"{f' ({ended})' if ended else ''} before the check finished; the other checks ran on in "
+            + ("the other workers" if worker else "a new process"))
+
+
 def status_of(reports):
     """(status, deciding report) for one test's phase reports, in the order they ran.
 

@@ -27,6 +27,7 @@ import subprocess
 
 from xdist.scheduler import LoadFileScheduling
 
+from .outcomes import lost_check_message
 from .process_group import how_it_ended
 
 EXIT_WAIT_S = 5.0  # the worker's pipes have closed: its process is gone or about to be
@@ -83,7 +84,4 @@ def _exit_of(worker):
 
 def pytest_handlecrashitem(crashitem, report, sched):
     """The pytest-xdist hook: the crashed check's report names its worker and how the worker ended."""
-    ended = _exit_of(report.node)
-    report.longrepr = (f"the check's process (pytest-xdist worker {report.node.gateway.id}) ended"
-                       + (f" ({ended})" if ended else "")
-                       + " before the check finished; the other checks ran on in the other workers")
+    report.longrepr = lost_check_message(_exit_of(report.node), worker=report.node.gateway.id)
