@@ -5,10 +5,10 @@ in a usage error, exit 2, before anything is measured, and what a script starts 
 import subprocess
 import sys
 import textwrap
-import time
 
 import psutil
 import pytest
+from test_harness_launching import gone_within
 
 from harness.paths import BENCHMARKS, REPO
 
@@ -42,14 +42,6 @@ def test_what_a_benchmark_starts_dies_with_it(tmp_path):
     """))
     pid = int(subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
                              check=True).stdout)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
-                break
-        except psutil.NoSuchProcess:
-            break
-        time.sleep(0.1)
-    else:
+    if not gone_within(pid, 10):
         psutil.Process(pid).kill()
         pytest.fail("the child was still running 10 s after the script that started it ended")

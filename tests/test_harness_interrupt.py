@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from test_harness_launching import alive
 
 REPO = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = str(REPO / "fixtures" / "collectives.py")
@@ -108,13 +109,6 @@ def test_sigterm_while_the_candidate_imports_stops_the_run_before_any_check(tmp_
     assert report["results"] == [], "the interrupt was taken for the candidate's failure, and checks ran on"
 
 
-def _alive(process):
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:  # gone since it was listed
-        return False
-
-
 def test_a_killed_harness_leaves_nothing_running(tmp_path):
     """A SIGKILL of the harness alone (the OOM killer, `kill -9`) forwards nothing: its checks, their
     launchers and ranks must stop on their own, not run the suite (minutes) to its end unwatched."""
@@ -128,5 +122,5 @@ def test_a_killed_harness_leaves_nothing_running(tmp_path):
     deadline, left = time.monotonic() + 30, ["not looked yet"]
     while time.monotonic() < deadline and left:
         time.sleep(1)
-        left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if _alive(p)]
+        left = [(p.pid, " ".join(p.cmdline())[:80]) for p in processes_of_run(out) if alive(p)]
     assert left == [], f"processes outlived the killed harness by 30 s: {left}"

@@ -5,16 +5,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
 from harness import process_group
 from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers, run_in_session
-from harness.paths import FIXTURES
-
-REPO = Path(__file__).resolve().parents[1]
+from harness.paths import FIXTURES, REPO
 
 
 def _buffer(shm_dir, uid, port, rank, addr="127.0.0.1"):
@@ -116,11 +113,26 @@ run_in_session([sys.executable, "-c", sys.argv[2], str(workdir / "rank.pid")], d
 """
 
 
-def _alive(pid):
+def alive(process):
+    """Whether psutil.Process `process` still runs (a zombie has ended; so has one gone since it was listed)."""
     try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
         return False
+
+
+def gone_within(pid, timeout_s):
+    """Whether process `pid` has ended, or ends within `timeout_s` seconds (polled every 0.1 s)."""
+    try:
+        process = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return True
+    deadline = time.monotonic() + timeout_s
+    while alive(process):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def test_a_killed_check_process_leaves_no_rank_running(tmp_path):
@@ -131,13 +143,10 @@ def test_a_killed_check_process_leaves_no_rank_running(tmp_path):
     while time.monotonic() < deadline and not (pid_file.is_file() and pid_file.read_text()):
         time.sleep(0.1)
     rank = int(pid_file.read_text())
-    assert _alive(rank)
+    assert alive(psutil.Process(rank))
     check.kill()
     check.wait()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and _alive(rank):
-        time.sleep(0.1)
-    if _alive(rank):
+    if not gone_within(rank, 10):
         os.kill(rank, signal.SIGKILL)
         pytest.fail("the rank outlived its killed check process by 10 s")
 

@@ -4,13 +4,12 @@ that one check, never a hung run or the checks queued behind it."""
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["pytester"]  # a real pytest config, for the scheduler's unit test
+from harness.paths import REPO
 
-REPO = Path(__file__).resolve().parents[1]
+pytest_plugins = ["pytester"]  # a real pytest config, for the scheduler's unit test
 
 # file -> its tests; test_b's second test takes its worker down, as the OOM killer would.
 FILES = {
