@@ -1,7 +1,7 @@
 """DeepSpeed's training step on XLA against the loop a TPU user writes by hand, side by side.
 
-Each row runs one world (1 or 2 ranks, one process each, PJRT CPU) that trains the same model
-twice: a hand-written PyTorch/XLA loop (torch.optim.AdamW after `clip_grad_norm_` at DeepSpeed's
+A world (1 or 2 ranks, one process each, PJRT CPU) trains the same model twice: a hand-written
+PyTorch/XLA loop (torch.optim.AdamW after `clip_grad_norm_` at DeepSpeed's
 `gradient_clipping`, one `torch_xla.sync()` per step, the loss read back each step; with 2 ranks
 the gradients flattened and all-reduced through the same transport DeepSpeed uses,
 `deepspeed.comm`, as DDP buckets them) and DeepSpeed with deepspeed_xla (the config's ZeRO stage,
@@ -12,12 +12,13 @@ wall time, and per step the XLA graph executions, device-to-host transfers and c
 the hand loop, ZeRO-3 within 1.5x.
 
 Each row runs in PROCESSES fresh worlds (`--processes`), and its ratio is the median of theirs. A
-process's memory layout favours one loop or the other by a few percent for its whole life (one
-world at one rank: the hand loop 43-52 ms from world to world, the two loops' ratio 1.04-1.12 in
-eight worlds, median 1.05), so one world's ratio is a sample, as for pyperf's worker processes;
-the table shows the median and the range.
+process's memory layout favours one loop or the other by a few percent for its whole life (fp32
+ZeRO-1/2 at one rank, thirteen worlds each: the hand loop 42.8-53.6 ms from world to world, the
+ratios 1.03-1.12 and 1.04-1.15, medians 1.06 and 1.07), so one world's ratio is a sample, as for
+pyperf's worker processes; the table shows the median and the range. A world that fails fails its
+row, named by its number.
 
-The same world then runs again on DeepSpeed's CPU accelerator against the same loop in eager
+As many worlds then run again on DeepSpeed's CPU accelerator against the same loop in eager
 PyTorch on CPU, both with torch.optim.AdamW (DeepSpeed's `torch_adam`): that `ds/hand` is what
 DeepSpeed's ZeRO layout costs by itself (flat partitions, gradient buckets, copies back), and
 `xla/cpu` divides the XLA ratio by it: what the XLA port adds on top (1.00x: nothing).
@@ -200,10 +201,10 @@ def run_row(stage, dtype, world, accelerator, processes):
     """The row measured in `processes` fresh worlds, one after another (_combined); or None and the
     first failure, when a world fails."""
     worlds = []
-    for _ in range(processes):
+    for number in range(1, processes + 1):
         result, error = _world(stage, dtype, world, accelerator)
         if error:
-            return None, error
+            return None, f"world {number} of {processes}: {error}"
         worlds.append(result)
     return _combined(worlds), None
 
