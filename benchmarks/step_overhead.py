@@ -190,9 +190,8 @@ def _combined(worlds):
     counter per step, compilations the most any world made; `ratios`, each world's ds/hand, sorted."""
     combined = {}
     for loop in ("hand", "deepspeed"):
-        combined[loop] = {key: statistics.median(world[loop][key] for world in worlds) for key in worlds[0][loop]}
-        if "compilations" in combined[loop]:
-            combined[loop]["compilations"] = max(world[loop]["compilations"] for world in worlds)
+        combined[loop] = {key: (max if key == "compilations" else statistics.median)(world[loop][key] for world in worlds)
+                          for key in worlds[0][loop]}
     combined["ratios"] = sorted(world["deepspeed"]["ms"] / world["hand"]["ms"] for world in worlds)
     return combined
 

@@ -32,8 +32,8 @@ def test_step_overhead_refuses_fewer_than_one_world_per_row():
     assert "--processes 0: a row needs at least one world" in proc.stderr.splitlines()[-1]
 
 
-def test_a_rows_ratio_is_the_median_of_its_worlds_ratios():
-    sys.path.insert(0, str(BENCHMARKS))
+def test_a_rows_ratio_is_the_median_of_its_worlds_ratios(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     import step_overhead
 
     def world(hand_ms, ds_ms, ds_compilations):
