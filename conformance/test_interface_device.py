@@ -141,19 +141,33 @@ def test_current_device_name(accel):
 
 # The launcher parent counts devices before any worker starts; on a TPU host the process that
 # starts the XLA runtime owns the chips, so counting must not start it. Checked in fresh processes.
+FRESH_METHODS = ("device_count", "is_available")
+# Probes the methods in order and stops after one that started the runtime: the next one's verdict
+# needs a process where the runtime had not started yet.
 _FRESH_PROBE = RUNTIME_STARTED_SOURCE + """
 import json
-after_install = runtime_started()
-value = accel.{method}()
-print(json.dumps({{"after_install": after_install, "after_call": runtime_started(), "value": value,
-                  "type": type(value).__name__}}))
+probes, started = {{}}, runtime_started()
+after_install = started
+for method in {methods!r}:
+    value = getattr(accel, method)()
+    started = runtime_started()
+    probes[method] = {{"after_install": after_install, "after_call": started, "value": value,
+                      "type": type(value).__name__}}
+    if started:
+        break
+print(json.dumps(probes))
 """
 
 
 @pytest.fixture(scope="module")
 def fresh_probes(candidate):
-    """{method: probe result} for device_count and is_available, each in its own fresh process."""
-    return {method: run_fresh(candidate, _FRESH_PROBE.format(method=method)) for method in ("device_count", "is_available")}
+    """{method: probe result} for FRESH_METHODS, each called in a fresh process where the XLA runtime had
+    not started before the call (unless installing the candidate started it): one process while no
+    method starts the runtime, another after each one that does."""
+    probes = {}
+    while len(probes) < len(FRESH_METHODS):
+        probes.update(run_fresh(candidate, _FRESH_PROBE.format(methods=FRESH_METHODS[len(probes):])))
+    return probes
 
 
 def _assert_runtime_untouched(probe, method):
