@@ -7,6 +7,7 @@ controller, or the only process) streams them to OUT/parts/results.jsonl as they
 so a run that is interrupted or loses its process still leaves what it did.
 """
 
+import gc
 import json
 import os
 from pathlib import Path
@@ -61,6 +62,9 @@ class HarnessSession:
             self.accelerator = candidate_env.install_current()
         except candidates.CandidateError as err:
             self.candidate_error = str(err)
+        # torch, torch_xla and DeepSpeed live as long as the process: out of the cyclic collector, they no
+        # longer cost every later full collection a walk over ~450k objects (an interface run 19 -> 16 s)
+        gc.freeze()
         self.methods = checklist.interface_methods() if self.candidate_error is None else []
         self.problems = {}
         self.phases = {}

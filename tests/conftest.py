@@ -1,5 +1,6 @@
 """Shared setup for the project's own tests: PJRT CPU unless told otherwise."""
 
+import gc
 import os
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -17,3 +18,9 @@ def pytest_collection_modifyitems(items):
     """The slow tests first, longest-known first within them (their collection order): with two workers
     the run then ends on short tests instead of waiting on a long one started last."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def pytest_collection_finish(session):
+    """The test modules and what they imported (torch, torch_xla, DeepSpeed) live as long as the worker: out of
+    the cyclic collector, they no longer cost every later full collection a walk over them."""
+    gc.freeze()
