@@ -15,7 +15,7 @@ use_stack_extensions()
 
 
 def pytest_collection_modifyitems(items):
-    """The slow tests first, longest-known first within them (their collection order): with two workers
+    """The slow tests first, longest-known first within them (their collection order): with several workers
     the run then ends on short tests instead of waiting on a long one started last."""
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
