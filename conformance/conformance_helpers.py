@@ -59,8 +59,8 @@ def run_fresh(candidate, code, timeout=300, env=None):
     """Run `code` in a fresh Python process with `candidate` installed first (`env` added to its
     environment); returns the JSON object the code prints on its last line. The candidate is `accel`
     inside `code`."""
-    # gc.freeze(): torch, torch_xla and DeepSpeed, imported for good, stay out of every later collection
-    # and out of the exit's (about a second less per process; nothing probed here depends on it)
+    # gc.freeze(): torch, torch_xla and DeepSpeed, imported for good, stay out of every later collection and
+    # out of the exit's (about a second less per process); what `code` makes afterwards is collected as before
     prelude = "import gc\nfrom harness.candidate_env import install_current\naccel = install_current()\ngc.freeze()\n"
     proc = subprocess.run([sys.executable, "-c", prelude + code],
                           env=candidate_env.child_env(candidate, {**os.environ, **(env or {})}),

@@ -5,6 +5,8 @@ and compares them with current_device_name(); index forms are ints, strings and 
 """
 
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 import torch
 from assertions import assert_tensor, returns_index
@@ -140,34 +142,24 @@ def test_current_device_name(accel):
 
 
 # The launcher parent counts devices before any worker starts; on a TPU host the process that
-# starts the XLA runtime owns the chips, so counting must not start it. Checked in fresh processes.
+# starts the XLA runtime owns the chips, so counting must not start it. Checked in fresh processes,
+# one per method: a method called after another could use what the first one left (a cached count).
 FRESH_METHODS = ("device_count", "is_available")
-# Probes the methods in order and stops after one that started the runtime: the next one's verdict
-# needs a process where the runtime had not started yet.
 _FRESH_PROBE = RUNTIME_STARTED_SOURCE + """
 import json
-probes, started = {{}}, runtime_started()
-after_install = started
-for method in {methods!r}:
-    value = getattr(accel, method)()
-    started = runtime_started()
-    probes[method] = {{"after_install": after_install, "after_call": started, "value": value,
-                      "type": type(value).__name__}}
-    if started:
-        break
-print(json.dumps(probes))
+after_install = runtime_started()
+value = accel.{method}()
+print(json.dumps({{"after_install": after_install, "after_call": runtime_started(), "value": value,
+                  "type": type(value).__name__}}))
 """
 
 
 @pytest.fixture(scope="module")
 def fresh_probes(candidate):
-    """{method: probe result} for FRESH_METHODS, each called in a fresh process where the XLA runtime had
-    not started before the call (unless installing the candidate started it): one process while no
-    method starts the runtime, another after each one that does."""
-    probes = {}
-    while len(probes) < len(FRESH_METHODS):
-        probes.update(run_fresh(candidate, _FRESH_PROBE.format(methods=FRESH_METHODS[len(probes):])))
-    return probes
+    """{method: probe result} for FRESH_METHODS, each called in a fresh process of its own (side by side)."""
+    with ThreadPoolExecutor(len(FRESH_METHODS)) as pool:
+        probes = pool.map(lambda method: run_fresh(candidate, _FRESH_PROBE.format(method=method)), FRESH_METHODS)
+        return dict(zip(FRESH_METHODS, probes))
 
 
 def _assert_runtime_untouched(probe, method):

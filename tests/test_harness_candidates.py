@@ -28,6 +28,8 @@ BROKEN = {
         "test_interface_rng.py::test_lazy_call",
     },
     "device_count_starts_runtime.py:DeviceCountStartsRuntime": {"test_interface_device.py::test_device_count"},
+    # each method is probed in a process of its own: after device_count() in the same one, this would pass
+    "available_after_count.py:AvailableAfterCount": {"test_interface_device.py::test_is_available"},
     "wrong_on_accelerator.py:WrongOnAccelerator": {"test_interface_device.py::test_on_accelerator"},
     "synchronize_noop.py:SynchronizeNoop": {
         f"test_interface_device.py::test_synchronize[{form}]" for form in ("None", "int", "str", "device")
