@@ -7,8 +7,10 @@ which kernels the op-builder rule hands out, and the torch_xla corrections it in
 normalization's running variance among them).
 """
 
+import gc
 import math
 import re
+import weakref
 
 import pytest
 import torch
@@ -305,19 +307,34 @@ def test_read_only_host_views_hold_values_without_a_copy(view):
     assert host.data_ptr() == buffer.data_ptr()
 
 
-@pytest.mark.parametrize("offset, adopted", [(0, True), (16, True), (3, False)], ids=["whole", "aligned", "unaligned"])
-def test_adopted_host_buffers_become_the_device_buffer_where_aligned(offset, adopted):
-    storage = torch.arange(64, dtype=torch.float32)
-    host = storage[offset:offset + 32]
-    device = runtime.to_device(host, XLA, adopt=True)
-    buffer = torch.from_dlpack(torch_xla.utils.dlpack.to_dlpack(device))
-    assert (buffer.data_ptr() == host.data_ptr()) == adopted, "PJRT CPU adopts only 64-byte aligned memory"
-    assert device.cpu().tolist() == list(range(offset, offset + 32))
-    # Updated in place over steps (XLA may donate the adopted buffer to the output): right values.
+def _python_tensor_count():
+    gc.collect()
+    return sum(isinstance(obj, torch.Tensor) for obj in gc.get_objects())
+
+
+@pytest.mark.parametrize("layout", ["whole", "aligned slice", "unaligned slice", "column"])
+def test_device_buffers_keep_no_python_object_alive(layout):
+    # XLA frees device buffers on its own threads, when an asynchronous execution that used one ends. A buffer
+    # that kept a Python object alive needs the GIL to be freed, and the main thread holds the GIL while it waits
+    # for the device (torch_xla's exit handler does): a run that trained to the end and never exited.
+    pick = {"whole": lambda t: t, "aligned slice": lambda t: t[16:48], "unaligned slice": lambda t: t[3:35],
+            "column": lambda t: t.view(8, 8)[:, 2]}[layout]
+    tensors_before = _python_tensor_count()
+    host = pick(torch.arange(64, dtype=torch.float32))
+    expected = host.tolist()
+    python_object = weakref.ref(host)
+    device = runtime.to_device(host, XLA)
+    host.fill_(-1)  # the caller's tensor stays the caller's
+    del host
+    assert python_object() is None, "the device buffer keeps the host tensor's Python object alive"
+    # nor one made on the way (a copy made in Python): host's objects gone, device's come
+    assert _python_tensor_count() == tensors_before + 1, "the device buffer keeps a Python tensor object alive"
+    assert device.cpu().tolist() == expected
+    # Updated in place over steps (XLA may donate the buffer to the step's output): right values.
     for _ in range(3):
         device.mul_(2)
         runtime.sync()
-    assert device.cpu().tolist() == [8.0 * v for v in range(offset, offset + 32)]
+    assert device.cpu().tolist() == [8.0 * v for v in expected]
 
 
 def test_device_copies_do_not_alias_the_host_tensor():

@@ -98,23 +98,22 @@ def to_host(tensor, *, read_only=False, out=None):
     return view.clone(memory_format=torch.contiguous_format)
 
 
-# PJRT CPU adopts host memory as a device buffer only at this alignment (bytes).
-_ADOPTABLE_ALIGNMENT = 64
+def to_device(host, device):
+    """An XLA tensor on `device` with the value of CPU tensor `host`, as `host.to(device)`; `host` stays the
+    caller's to change. On PJRT CPU the device buffer is a copy of `host` that torch makes in C++ and XLA adopts
+    through DLPack (one copy, where XLA's literal path copies twice).
 
-
-def to_device(host, device, *, adopt=False):
-    """An XLA tensor on `device` with the value of CPU tensor `host`, as `host.to(device)`. On PJRT CPU
-    the device buffer adopts a private copy of `host` (DLPack) instead of a transfer through XLA's
-    literal path; `host` stays the caller's to change.
-
-    adopt: the caller hands `host` over and never touches it again (a collective's result buffer);
-    on PJRT CPU the device buffer is then `host`'s memory itself, no copy, where it is contiguous
-    and 64-byte aligned (a slice at another offset is copied)."""
+    Why a copy made in C++, never `host` itself or a copy made from Python: XLA releases device buffers on its own
+    threads (when an asynchronous execution that used one ends). A buffer adopted from a tensor that Python has
+    seen keeps that tensor's Python object alive (PyTorch hands the object to the C++ tensor while C++ holds it),
+    so its release must take the GIL; the main thread holds the GIL while it waits for the device (torch_xla's
+    exit handler does), and neither could go on: a run that trained to the end and never exited. A tensor made
+    in C++ has no Python object, and XLA frees it without the GIL."""
     if not _buffers_are_host_memory(device) or torch.device(device) != torch_xla.device():
         return host.to(device)  # DLPack lands on the process's default device
-    if not (adopt and host.is_contiguous() and host.data_ptr() % _ADOPTABLE_ALIGNMENT == 0):
-        host = host.clone(memory_format=torch.contiguous_format)
-    return xla_dlpack.from_dlpack(host)
+    if not host.is_contiguous():
+        host = host.contiguous()  # a Python-side temporary; XLA still gets the C++ copy of it
+    return torch_xla._XLAC._from_dlpack(torch._C._to_dlpack(host, copy=True))
 
 
 def get_rng_seed(device):

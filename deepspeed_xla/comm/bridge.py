@@ -78,13 +78,12 @@ def _host_flat(tensors):
     return torch.cat([_host(t, read_only=True).reshape(-1) for t in tensors], out=flat)
 
 
-def _write_back(target, host, owned=True):
-    """Write `host` into `target` in place. `owned`: `host` is a result buffer of this module's own
-    that nothing else holds, whose memory an XLA target's device buffer may adopt (no copy)."""
+def _write_back(target, host):
+    """Write `host` into `target` in place."""
     if host is target:
         return
     with torch.no_grad():
-        target.copy_(host if host.device == target.device else runtime.to_device(host, target.device, adopt=owned))
+        target.copy_(host if host.device == target.device else runtime.to_device(host, target.device))
 
 
 def _reduce_op_name(op):
@@ -320,7 +319,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         arguments.per_rank_lists(self._where("all_gather"), output_tensors_list, input_tensors, self.size())
         if self._alone:
             for outputs, input in zip(output_tensors_list, input_tensors):
-                _write_back(outputs[0], input, owned=False)
+                _write_back(outputs[0], input)
             return completed_work([t for outputs in output_tensors_list for t in outputs])
         _cut_before_reading(input_tensors)
         gathered = [self._gather_hosts(input, "all_gather") for input in input_tensors]
@@ -334,7 +333,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
             arguments.flat_sizes(self._where(name), output, input, self.size(), "output", "input")
         if self._alone:
             for output, input in zip(outputs, inputs):
-                _write_back(output, input.reshape(output.shape), owned=False)
+                _write_back(output, input.reshape(output.shape))
             return
         _cut_before_reading(inputs)
         gathered = [self._gather_hosts(input, name) for input in inputs]
@@ -379,7 +378,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
                                     input_split_sizes, self.size())
         if self._alone:
             arguments.flat_sizes(self._where("all_to_all_single"), output, input, 1, "output", "input")
-            _write_back(output, input.reshape(output.shape), owned=False)
+            _write_back(output, input.reshape(output.shape))
             return completed_work([output])
         host_output = _host_empty(output)
         _cut_before_reading([input])
@@ -394,7 +393,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         arguments.all_to_all(self._where("all_to_all"), output_tensors, input_tensors, self.size())
         if self._alone:
             arguments.flat_sizes(self._where("all_to_all"), output_tensors[0], input_tensors[0], 1, "output", "input")
-            _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape), owned=False)
+            _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape))
             return completed_work(output_tensors)
         _cut_before_reading(input_tensors)
         host_input = _host_flat(input_tensors)

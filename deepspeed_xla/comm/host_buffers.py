@@ -1,13 +1,11 @@
 """Host buffers the host bridge stages collectives in, handed out again once nothing holds them.
 
 Every collective of the bridge copies its XLA operands into host buffers, runs gloo on them, and
-hands result buffers to the device, whose buffer on PJRT CPU adopts the memory rather than
-copying it (runtime.to_device). A fresh buffer of a megabyte or more lands in pages the process
+copies the results to the device (runtime.to_device). A fresh buffer of a megabyte or more lands in pages the process
 has not touched yet (torch allocates with posix_memalign, and glibc does not always serve such
 blocks from memory freed earlier): a 16 MB all_reduce paid 4,096 page faults, 5 ms, on about a third of
 its calls. The pool keeps a few such buffers and hands one out only while nothing else refers to
-its memory: not a caller still holding it, not gloo still sending from it, and not a device
-buffer that adopted it (such a buffer is released when the XLA tensor holding it changes or dies).
+its memory: not a caller still holding it, and not gloo still sending from it.
 """
 
 import math
@@ -27,7 +25,7 @@ def _bytes(buffer):
 
 def _unshared(buffer):
     """Whether `buffer` (the pool's own tensor) is the only reference to its memory: no view of it,
-    no DLPack export (an adopting device buffer) and no other tensor share its storage."""
+    and no other tensor shares its storage."""
     return torch._C._storage_Use_Count(buffer.untyped_storage()._cdata) == 1
 
 
