@@ -49,3 +49,5 @@ def install():
                            "or call deepspeed_xla.activate() before importing deepspeed.")
     arm(_AUTOGRAD_HOOK)
     arm(_HOOK)
+    from . import huggingface  # transformers and Accelerate see DeepSpeed's world, if a script imports them
+    huggingface.install()
