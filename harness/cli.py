@@ -67,7 +67,8 @@ def _parser():
     diff.add_argument("old", help="the earlier run's report.json (e.g. the last nightly)")
     diff.add_argument("new", help="the later run's report.json (e.g. this pull request's)")
     bench = commands.add_parser("bench", help="run the benchmarks in benchmarks/ (ratios measured side by side)")
-    bench.add_argument("--only", choices=benchmark_names(), help="only this benchmark (default: all)")
+    bench.add_argument("--only", choices=benchmark_names(),
+                       help=f"only this benchmark (default: all but {', '.join(ON_REQUEST)}, which run only when named)")
     bench.add_argument("--report", metavar="RUN_DIR",
                        help="a run directory (e.g. reports/latest): its report.json and report.md get a "
                             "Performance section with these tables")
@@ -76,6 +77,10 @@ def _parser():
     return parser
 
 
+
+
+# Benchmarks that run only when --only names them: the soak's 200 trainings take hours on 2 cores.
+ON_REQUEST = ("soak", )
 
 
 def benchmark_names():
@@ -99,7 +104,7 @@ def run_benchmarks(args):
     tables, children, current, interrupted = [], [], "start-up", None
     try:
         revision = environment.git_revision(REPO)
-        for name in [args.only] if args.only else benchmark_names():
+        for name in [args.only] if args.only else [name for name in benchmark_names() if name not in ON_REQUEST]:
             current = name
             print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
             # Each child stays referenced until the end: a Popen freed here could take a Ctrl-C with it.

@@ -2,6 +2,7 @@
 in a usage error, exit 2, before anything is measured, and what a script starts does not outlive it
 (a stale op build lock: tests/test_op_builds.py)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -68,3 +69,72 @@ def test_what_a_benchmark_starts_dies_with_it(tmp_path):
     if not gone_within(pid, 10):
         psutil.Process(pid).kill()
         pytest.fail("the child was still running 10 s after the script that started it ended")
+
+
+def test_soak_refuses_rows_it_does_not_have():
+    proc = _run("soak.py", "--no-load", "--only", "1-fp32-3")
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no row named 1-fp32-3" in proc.stderr.splitlines()[-1]
+    assert "row " not in proc.stdout, "the table started although no row was named right"
+
+
+# A stand-in for fixtures/train.py under a stand-in launcher (the same session, environment and deadline, no
+# DeepSpeed): it writes its losses, then leaves a process in a session of its own and exits, or hangs.
+FAKE_TRAIN = """
+import argparse, json, subprocess, sys, time
+parser = argparse.ArgumentParser()
+parser.add_argument("--losses-out")
+parser.add_argument("--then", choices=("escape", "hang"))
+args = parser.parse_args()
+with open(args.losses_out, "w") as f:
+    json.dump({"losses": [0.5, 0.25], "device": "fake"}, f)
+if args.then == "escape":
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+else:
+    time.sleep(120)
+"""
+
+
+@pytest.fixture
+def soak(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import soak
+    return soak
+
+
+def _fake_run(soak, monkeypatch, tmp_path, then, deadline_s):
+    script = tmp_path / "train.py"  # named as the real one, so the soak takes it for a rank
+    script.write_text(FAKE_TRAIN)
+    monkeypatch.setattr(soak, "deepspeed_command", lambda resources, args, port: [
+        sys.executable, str(script), "--losses-out", str(args[args.index("--losses-out") + 1]), "--then", then])
+    env = dict(soak.accelerator_env(None), RANK="0")
+    return soak.soak_run((1, "fp32", 2), 1, tmp_path, env, deadline_s)
+
+
+def test_soak_stops_a_run_that_finished_but_did_not_exit_with_its_stacks(soak, monkeypatch, tmp_path):
+    result = _fake_run(soak, monkeypatch, tmp_path, "hang", deadline_s=5)
+    assert result.hung == "finished" and result.failure is None, result
+    assert result.losses == [0.5, 0.25] and result.left_behind == 0
+    assert "rank 0:" in result.stacks, result.stacks
+    # py-spy names each thread and its Python frames; without it, the kernel's view stands in
+    assert ("MainThread" if soak._py_spy() else "wait channels") in result.stacks, result.stacks
+    assert result.seconds < 60, "the run was not stopped at its deadline"
+
+
+def test_soak_counts_and_kills_what_a_run_left_behind(soak, monkeypatch, tmp_path):
+    result = _fake_run(soak, monkeypatch, tmp_path, "escape", deadline_s=60)
+    assert result.hung is None and result.failure is None, result
+    assert result.left_behind == 1
+    marker = f"{soak.MARKER}={os.getpid()}-1"
+    assert not [proc for proc in soak.processes().values() if marker in proc.environ and proc.state != "Z"]
+
+
+@pytest.mark.slow
+def test_soak_one_two_rank_run_ends_and_leaves_nothing():
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "soak.py"), "--runs", "1", "--only", "1-fp32-2", "--no-load",
+                           "--deadline", "240"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    row = next(line.split() for line in proc.stdout.splitlines() if line.startswith("1-fp32-2 "))
+    runs, hangs, not_exited, in_training, left_behind, failed = map(int, row[1:7])
+    assert (runs, hangs, left_behind, failed) == (1, 0, 0, 0), proc.stdout
+    assert row[7] == "yes", proc.stdout
