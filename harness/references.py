@@ -70,7 +70,8 @@ def provenance(case):
     """What the reference curve of `case` depends on: recorded with it, compared for freshness."""
     return {
         "case": {"script": case.script, "config": case.config, "ranks": case.ranks, "steps": case.steps,
-                 "args": list(case.args)},
+                 "args": list(case.args),
+                 **({"reference_ranks": case.reference_ranks} if case.reference_ranks is not None else {})},
         "sources": {name: _sha256(FIXTURES / name) for name in case.sources},
         "stack": {"torch": installed_version("torch"), "deepspeed": installed_version("deepspeed"),
                   "deepspeed_git": source_revision("deepspeed")},

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from .paths import CONFORMANCE
 
-AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts")
+AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts", "huggingface")
 SUITES = {**{area: (area, ) for area in AREAS}, "all": AREAS, "smoke": AREAS}
 
 SMOKE = {
@@ -29,6 +29,7 @@ SMOKE = {
     "checkpoint": ("*[candidate-to-cpu-zero2]", ),
     "graph": ("*", ),  # one small model per config, all in one fresh process
     "scripts": ("*[parameter-list-zero2-1rank]", "*[client-optimizer-zero1-1rank]"),
+    "huggingface": ("*[trainer-llama-zero2-2rank]", "*[accelerate-gpt2-zero3-2rank]"),
 }
 SELECTIONS = {"smoke": SMOKE}  # selective suite -> {area: test id patterns}
 

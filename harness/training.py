@@ -46,6 +46,10 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     losses_file = workdir / f"losses-{label}.json"
     losses_file.unlink(missing_ok=True)
     env = accelerator_env(candidate, extra_env)
+    if candidate is None:
+        # transformers and Accelerate move every batch to torch_xla's device whenever it imports, whatever
+        # DS_ACCELERATOR says: the CPU reference runs as if it were not installed
+        env["USE_TORCH_XLA"] = "0"
     args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
             str(losses_file), *map(str, extra_args)]
     port = free_port()

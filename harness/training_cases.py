@@ -22,6 +22,9 @@ class TrainingCase:
     ranks: int
     steps: int
     args: tuple = ()
+    # the ranks of the reference run, where it cannot run on `ranks` (Trainer and Accelerate run DeepSpeed on the CPU
+    # accelerator in one process only): the one-process run with the same global batch; None: `ranks`
+    reference_ranks: int | None = None
     # the area's own fields, which only its checks read (a checkpoint's save_after, a graph step's allowance)
     area_fields: dict = dataclasses.field(default_factory=dict, hash=False)
 
@@ -32,11 +35,12 @@ class TrainingCase:
 
     def run(self, candidate, workdir, extra_args=(), timeout=600):
         """Train this case on `candidate` (None: DeepSpeed's CPU accelerator), its args followed by
-        `extra_args`; a TrainingRun."""
+        `extra_args`; a TrainingRun. The reference trains on `reference_ranks` where set."""
         from .training import run_training
+        ranks = self.ranks if candidate is not None or self.reference_ranks is None else self.reference_ranks
         return run_training(FIXTURES / self.script, FIXTURES / self.config, candidate, workdir,
-                            world_size=self.ranks, steps=self.steps,
-                            launcher="python" if self.ranks == 1 else "deepspeed",
+                            world_size=ranks, steps=self.steps,
+                            launcher="python" if ranks == 1 else "deepspeed",
                             extra_args=(*self.args, *extra_args), timeout=timeout)
 
 

@@ -20,9 +20,9 @@ from test_harness_candidates import CANDIDATES, failed_ids, run_harness
 REFERENCE_RUNS = {
     "scripts-1rank": ("scripts", "1rank and not zero3", 21),  # user-script patterns and config variants, ZeRO 0-2
     # every other area's smoke checks: the launcher at 2 ranks, ZeRO-2 fp32 and ZeRO-3 bf16 at one rank,
-    # a 2-stage pipeline, a checkpoint moved to CPU, each config's graphs, every lowering (the interface
-    # area runs in test_harness_candidates, three times over)
-    "smoke": ("smoke", "not test_interface and not test_collective and not test_user_script", 36),
+    # a 2-stage pipeline, a checkpoint moved to CPU, each config's graphs, every lowering, Trainer and Accelerate
+    # at 2 ranks (the interface area runs in test_harness_candidates, three times over)
+    "smoke": ("smoke", "not test_interface and not test_collective and not test_user_script", 38),
     # stages 0-3, accumulation + activation checkpointing, ZeRO-3 without contiguous gradients
     "zero-2ranks-fp32": ("zero", "2rank and fp32", 6),
     "scripts-1rank-zero3": ("scripts", "1rank and zero3", 7),
@@ -40,6 +40,10 @@ def _script(case):
 
 # broken candidate -> (suite, pytest -k selection or None, the checks that must fail and nothing else)
 CAUGHT = {
+    # Trainer and Accelerate left in torch_xla's own mode: a world of 1 in each of 2 ranks
+    "without_huggingface.py:WithoutHuggingFace": ("huggingface", "trainer-llama-zero2-2rank or accelerate-gpt2-zero3-2rank", {
+        "test_huggingface_training.py::test_huggingface_loss_matches_cpu_reference[trainer-llama-zero2-2rank]",
+        "test_huggingface_training.py::test_huggingface_loss_matches_cpu_reference[accelerate-gpt2-zero3-2rank]"}),
     "device_count_starts_runtime.py:DeviceCountStartsRuntime": ("launcher", "num_gpus-2", {
         "test_launcher.py::test_device_count__runner_parent_leaves_runtime_uninitialised[num_gpus-2]"}),
     # the fixture's cases that reduce with ReduceOp.AVG over more than one rank
