@@ -24,10 +24,13 @@ class TrainingFailed(RuntimeError):
 
 @dataclasses.dataclass
 class TrainingRun:
-    """The per-step losses a script wrote, the device it reported, and its whole log."""
+    """The per-step losses a script wrote, the device it reported, its whole log; where the script
+    reports them (on XLA), its cumulative XLA compilations after each step; and what else it reported."""
     losses: list
     device: str
     log: str
+    compilations: list | None = None
+    reported: dict = dataclasses.field(default_factory=dict)
 
 
 def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, launcher="python",
@@ -65,11 +68,14 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     run = run_in_session(cmd, env, workdir, workdir / f"train-{label}.log", timeout, port=port)
     if run.returncode != 0 or not losses_file.exists():
         who = "the CPU reference" if candidate is None else f"candidate {candidate.text}"
-        ending = (f"timed out after {timeout}s" if run.timed_out else
+        ending = (f"trained to the end (its losses written) but did not exit within {timeout}s: a process of it hung at "
+                  "exit" if run.timed_out and losses_file.exists() else
+                  f"timed out after {timeout}s" if run.timed_out else
                   f"was killed by {signal.Signals(-run.returncode).name}" if run.returncode < 0 else
                   f"exited {run.returncode}" if run.returncode else "exited 0 without writing its losses")
         error = logs.last_error_line(run.log)
         raise TrainingFailed(f"{Path(script).name} with {Path(config).name} on {world_size} rank(s), {who}, "
                              f"{ending}{f' ({error})' if error else ''}; log tail:\n{logs.tail(run.log)}")
     result = json.loads(losses_file.read_text())
-    return TrainingRun(losses=result["losses"], device=result["device"], log=run.log)
+    return TrainingRun(losses=result.pop("losses"), device=result.pop("device"), log=run.log,
+                       compilations=result.pop("compilations", None), reported=result)

@@ -12,6 +12,7 @@ import pytest
 from harness import process_group
 from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers, run_in_session
 from harness.paths import FIXTURES, REPO
+from harness.training import TrainingFailed, run_training
 
 
 def _buffer(shm_dir, uid, port, rank, addr="127.0.0.1"):
@@ -159,3 +160,22 @@ def test_a_launch_ends_as_its_command_did(tmp_path, code, returncode):
     command = [sys.executable, "-c", f"import os, signal, sys; print('said', flush=True); {code}"]
     run = run_in_session(command, dict(os.environ), tmp_path, tmp_path / "launch.log", timeout=60)
     assert (run.returncode, run.log) == (returncode, "said\n")
+
+
+HANGS_AT_EXIT = """
+import json, sys, time
+out = sys.argv[sys.argv.index("--losses-out") + 1]
+json.dump({"losses": [1.0], "device": "cpu"}, open(out, "w"))
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("writes_losses", [True, False], ids=["finished", "in-training"])
+def test_a_run_past_its_deadline_says_whether_it_had_finished(tmp_path, writes_losses):
+    script = tmp_path / "train.py"
+    script.write_text(HANGS_AT_EXIT if writes_losses else "import time\ntime.sleep(600)\n")
+    with pytest.raises(TrainingFailed) as failed:
+        run_training(script, tmp_path / "config.json", None, tmp_path, timeout=8)
+    finished = "trained to the end (its losses written) but did not exit within 8s: a process of it hung at exit"
+    assert (finished in str(failed.value)) == writes_losses
+    assert ("timed out after 8s" in str(failed.value)) != writes_losses
