@@ -72,3 +72,15 @@ def assert_losses_match(expected, run, precision, evidence, what, *, device_type
     if device_type is not None:
         assert run.device.startswith(device_type), f"{what}: trained on {run.device}, not on a device of type {device_type!r}"
     assert comparison["ok"], describe_mismatch(comparison, what, reference)
+
+
+def assert_no_compilations_after_warmup(run, warmup_steps, evidence, what):
+    """Assert that a TrainingRun compiled no XLA graph after its first `warmup_steps` steps (fixed shapes: each
+    later step replays cached graphs); evidence records the cumulative count after each step."""
+    assert run.compilations is not None, f"{what}: the script reported no XLA compilation counts (trained on {run.device})"
+    added = run.compilations[-1] - run.compilations[warmup_steps - 1]
+    evidence.update(compilations_after_each_step=run.compilations, warmup_steps=warmup_steps,
+                    compilations_after_warmup=added)
+    assert added == 0, (f"{what}: {added} new XLA compilations in the {len(run.compilations) - warmup_steps} steps after "
+                        f"a warm-up of {warmup_steps} (cumulative after each step: {run.compilations}); at fixed shapes "
+                        "each later step must replay a cached graph")

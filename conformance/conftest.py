@@ -40,7 +40,8 @@ def restore_device(accel):
 def trains_like_reference(request, candidate, evidence, tmp_path):
     """trains_like_reference(case, what): train a training case on the candidate and assert that every
     step's loss matches the case's CPU reference curve, trained live in this run or stored
-    (fixtures/references/) as `--reference` says (harness/references.py); `what` names the run."""
+    (fixtures/references/) as `--reference` says (harness/references.py); `what` names the run.
+    Returns the candidate's TrainingRun."""
     mode = request.config.getoption("harness_reference")
 
     def check(case, what):
@@ -49,4 +50,5 @@ def trains_like_reference(request, candidate, evidence, tmp_path):
         evidence.update(reference.evidence(), config=case.config, ranks=case.ranks)
         assert_losses_match(reference.losses, run, case.precision, evidence, f"{what} ({reference.source} reference)",
                             device_type="xla")
+        return run
     return check

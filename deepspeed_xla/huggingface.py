@@ -12,6 +12,8 @@ DeepSpeed's world instead, with post-import hooks (no file of theirs is edited):
 
 * `accelerate.utils.imports` and `transformers.utils.import_utils`: torch_xla counts as absent for them
   (what `USE_TORCH_XLA=0` does), so neither takes its XLA-only path;
+* `transformers.modeling_utils`: no hub kernels (the `kernels` library's device kernels: none exists for XLA, and
+  it refuses a model whose parameters are on an XLA device, as `from_pretrained` under `zero.Init` makes them);
 * `accelerate.state.PartialState`: for a DeepSpeed run (`ACCELERATE_USE_DEEPSPEED`, which Trainer sets for a
   `deepspeed=` config and `Accelerator(deepspeed_plugin=...)` and `accelerate launch --use_deepspeed` set)
   started by a launcher (LOCAL_RANK), the backend is the accelerator's (`xla_ds`) and DeepSpeed initialises
@@ -68,6 +70,10 @@ def _hide_torch_xla_from_transformers(module):
     module.is_torch_xla_available.cache_clear()  # in case something asked before this hook ran
 
 
+def _no_hub_kernels(module):
+    module._kernels_enabled = lambda: False  # what USE_HUB_KERNELS=NO does
+
+
 def _route_partial_state(module):
     state = module.PartialState
     distributed_type = module.DistributedType
@@ -104,6 +110,7 @@ def _route_partial_state(module):
 _HOOKS = (
     PostImportHook("accelerate.utils.imports", _hide_torch_xla_from_accelerate),
     PostImportHook("transformers.utils.import_utils", _hide_torch_xla_from_transformers),
+    PostImportHook("transformers.modeling_utils", _no_hub_kernels),
     PostImportHook("accelerate.state", _route_partial_state),
 )
 

@@ -12,11 +12,12 @@ LAUNCHED = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", 
 STATE = """
 import json, os
 import transformers.utils.import_utils as hf_imports
+import transformers.modeling_utils as hf_modeling
 import accelerate.utils as accelerate_utils
 from accelerate.state import PartialState
 os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
 state = PartialState()
-print(json.dumps({"transformers_xla": hf_imports.is_torch_xla_available(),
+print(json.dumps({"transformers_xla": hf_imports.is_torch_xla_available(), "hub_kernels": hf_modeling._kernels_enabled(),
                   "accelerate_xla": accelerate_utils.is_torch_xla_available(),
                   "distributed_type": str(state.distributed_type), "backend": state.backend,
                   "device": str(state.device), "processes": state.num_processes}))
@@ -36,8 +37,8 @@ def unused_port():
 
 def test_deepspeed_runs_get_deepspeeds_backend_and_device(launched):
     state = last_json(run_python(STATE, "xla", launched))
-    assert state == {"transformers_xla": False, "accelerate_xla": False, "distributed_type": "DistributedType.DEEPSPEED",
-                     "backend": "xla_ds", "device": "xla:0", "processes": 1}
+    assert state == {"transformers_xla": False, "hub_kernels": False, "accelerate_xla": False,
+                     "distributed_type": "DistributedType.DEEPSPEED", "backend": "xla_ds", "device": "xla:0", "processes": 1}
 
 
 def test_nothing_changes_without_ds_accelerator(launched):
