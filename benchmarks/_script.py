@@ -24,3 +24,18 @@ def run(main):
         print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         status = 130
     sys.exit(status)
+
+
+def selected_rows(parser, only, rows):
+    """The (stage, dtype, world) `rows` that `--only` names (STAGE-DTYPE or STAGE-DTYPE-WORLD, comma-separated), in
+    table order; a name that matches no row is a usage error (exit 2, through `parser`), not an empty table."""
+    names = [name for name in only.split(",") if name]
+    keys = {(stage, dtype, world): {f"{stage}-{dtype}", f"{stage}-{dtype}-{world}"} for stage, dtype, world in rows}
+    unknown = [name for name in names if not any(name in row_keys for row_keys in keys.values())]
+    if not names or unknown:
+        stages, dtypes, worlds = (sorted({str(row[i]) for row in rows}) for i in range(3))
+        example = f"{'-'.join(map(str, rows[0]))},{rows[-1][0]}-{rows[-1][1]}"
+        parser.error(f"--only {only!r}: " + (f"no row named {', '.join(unknown)}" if unknown else "names no row")
+                     + f"; rows are STAGE-DTYPE or STAGE-DTYPE-WORLD with STAGE {'/'.join(stages)}, DTYPE "
+                     f"{' or '.join(dtypes)}, WORLD {' or '.join(worlds)} (e.g. {example})")
+    return [row for row, row_keys in keys.items() if row_keys & set(names)]

@@ -38,7 +38,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from _script import run  # noqa: E402
+from _script import run, selected_rows  # noqa: E402
 from harness import candidates, logs  # noqa: E402
 from harness.candidate_env import accelerator_env  # noqa: E402
 from harness.launching import deepspeed_command, free_port, run_in_session  # noqa: E402
@@ -410,19 +410,6 @@ def verdict(results, differing, planned):
     return met
 
 
-def _selected_rows(parser, only):
-    """The ROWS that `--only` names (STAGE-DTYPE or STAGE-DTYPE-WORLD, comma-separated); a name that matches
-    no row is a usage error (exit 2), not an empty table."""
-    names = [name for name in only.split(",") if name]
-    keys = {row: {row_name(row[:2]), row_name(row)} for row in ROWS}
-    unknown = [name for name in names if not any(name in row_keys for row_keys in keys.values())]
-    if not names or unknown:
-        parser.error(f"--only {only!r}: " + (f"no row named {', '.join(unknown)}" if unknown else "names no row")
-                     + "; rows are STAGE-DTYPE or STAGE-DTYPE-WORLD with STAGE 1-3, DTYPE fp32 or bf16, WORLD 2 or 4 "
-                     "(e.g. 1-fp32-2,3-bf16)")
-    return [row for row, row_keys in keys.items() if row_keys & set(names)]
-
-
 def main():
     parser = argparse.ArgumentParser(description="Consecutive short multi-rank trainings on loaded cores, each "
                                      "with a deadline: hangs, processes left behind, identical losses")
@@ -436,7 +423,7 @@ def main():
         parser.error(f"--runs {args.runs}: give 1 or more")
     if args.deadline <= 0:
         parser.error(f"--deadline {args.deadline:g}: give a number of seconds above 0")
-    rows = ROWS if args.only is None else _selected_rows(parser, args.only)
+    rows = ROWS if args.only is None else selected_rows(parser, args.only, ROWS)
     env = accelerator_env(candidates.parse_spec(candidates.DEFAULT_SPEC))
     cores = len(os.sched_getaffinity(0))
     print(f"soak: {args.runs} runs over {len(rows)} rows, {STEPS} steps each, deadline {args.deadline:g} s, "

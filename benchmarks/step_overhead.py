@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _ranks import RESULT_PREFIX, failures, launch, results  # noqa: E402
-from _script import run  # noqa: E402
+from _script import run, selected_rows  # noqa: E402
 
 WIDTH, LAYERS, BATCH, LR = 1024, 4, 32, 1e-3
 # DeepSpeed clips gradients by their global norm unless told otherwise (`gradient_clipping`, 1.0 in
@@ -224,19 +224,6 @@ def _ms_cells(result):
     return f"{result['hand']['ms']:8.1f} {result['deepspeed']['ms']:8.1f} {_ratio(result):7.2f}x"
 
 
-def _selected_rows(parser, only):
-    """The ROWS that `--only` names (STAGE-DTYPE or STAGE-DTYPE-WORLD, comma-separated); a name that
-    matches no row is a usage error (exit 2), not an empty table."""
-    names = [name for name in only.split(",") if name]
-    keys = {(s, d, w): {f"{s}-{d}", f"{s}-{d}-{w}"} for s, d, w in ROWS}
-    unknown = [name for name in names if not any(name in row_keys for row_keys in keys.values())]
-    if not names or unknown:
-        parser.error(f"--only {only!r}: " + (f"no row named {', '.join(unknown)}" if unknown else "names no row")
-                     + "; rows are STAGE-DTYPE or "
-                     "STAGE-DTYPE-WORLD with STAGE 0-3, DTYPE fp32 or bf16, WORLD 1 or 2 (e.g. 2-fp32,3-bf16-2)")
-    return [row for row, row_keys in keys.items() if row_keys & set(names)]
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--worker", action="store_true")
@@ -252,7 +239,7 @@ def main():
         parser.error(f"--processes {args.processes}: a row needs at least one world; give 1 or more")
     if args.worker:
         return worker(args.stage, args.dtype, args.accelerator)
-    rows = ROWS if args.only is None else _selected_rows(parser, args.only)
+    rows = ROWS if args.only is None else selected_rows(parser, args.only, ROWS)
     print(f"{'':17} {'PJRT CPU, deepspeed_xla':^36}   {'':17} {'':16} {'':9}   "
           f"{'CPU accelerator, eager':^26}", flush=True)
     print(f"{'zero':<5} {'dtype':<5} {'world':>5} {'hand ms':>8} {'ds ms':>8} {'ds/hand':>8} {'range':>9}   "
