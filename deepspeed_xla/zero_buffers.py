@@ -56,10 +56,17 @@ def model_numel(module):
     return total
 
 
+# ZeRO's bucket sizes must be multiples of this (stage_1_and_2's nccl_start_alignment_factor: 4 bytes of fp16)
+ALIGNMENT = 2
+
+
 def bounded(configured, numel):
-    """`configured`, or the even number of elements just covering `numel` when that is smaller."""
-    cap = numel + numel % 2
-    return min(int(configured), max(cap, 2))
+    """`configured`, or the even number of elements just covering `numel` when that is smaller. A size DeepSpeed
+    refuses (not a multiple of ALIGNMENT) is handed on as written, for DeepSpeed's own validation to name."""
+    if int(configured) % ALIGNMENT:
+        return configured
+    cap = numel + numel % ALIGNMENT
+    return min(int(configured), max(cap, ALIGNMENT))
 
 
 def _bound(accessor):

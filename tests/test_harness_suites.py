@@ -50,11 +50,6 @@ CAUGHT = {
     "avg_as_sum.py:AvgAsSum": ("collectives", "2ranks", {
         f"test_collectives.py::test_collective[{case}-2ranks]"
         for case in ("all_reduce_avg", "all_reduce_strided_view", "reduce_to_root", "reduce_scatter_tensor")}),
-    # one host staging buffer per shape reused without asking whether a result lives in it: results kept
-    # across a later all_reduce of their shape change
-    "reused_staging.py:ReusedStaging": ("collectives", "2ranks", {
-        f"test_collectives.py::test_collective[{case}-2ranks]"
-        for case in ("all_reduce_max_min_product", "large_results_outlive_later_collectives")}),
     # DeepSpeed's CPU FusedAdam on XLA tensors: killed by SIGSEGV
     "cpu_op_builders.py:CpuOpBuilders": ("zero", "zero0-fp32-1rank and not accum", {_zero("zero0-fp32-1rank")}),
     # Adam with L2 decay for AdamW: the loss drifts away from the reference
