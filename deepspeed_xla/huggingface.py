@@ -12,6 +12,8 @@ DeepSpeed's world instead, with post-import hooks (no file of theirs is edited):
 
 * `accelerate.utils.imports` and `transformers.utils.import_utils`: torch_xla counts as absent for them
   (what `USE_TORCH_XLA=0` does), so neither takes its XLA-only path;
+* `transformers.training_args`: `bf16=True` is checked against the accelerator's `is_bf16_supported()` (with
+  torch_xla hidden, transformers would find no bf16 device and refuse it);
 * `transformers.modeling_utils`: no hub kernels (the `kernels` library's device kernels: none exists for XLA, and
   it refuses a model whose parameters are on an XLA device, as `from_pretrained` under `zero.Init` makes them);
 * `accelerate.state.PartialState`: for a DeepSpeed run (`ACCELERATE_USE_DEEPSPEED`, which Trainer sets for a
@@ -58,6 +60,10 @@ def _launched(environ=os.environ):
     return int(environ.get("LOCAL_RANK", -1)) != -1
 
 
+def _world_size(environ=os.environ):
+    return int(environ.get("WORLD_SIZE", 1))
+
+
 def _hide_torch_xla_from_accelerate(module):
     check_version("accelerate")
     module._torch_xla_available = False
@@ -68,6 +74,13 @@ def _hide_torch_xla_from_transformers(module):
     check_version("transformers")
     module.USE_TORCH_XLA = "0"
     module.is_torch_xla_available.cache_clear()  # in case something asked before this hook ran
+
+
+def _bf16_from_accelerator(module):
+    def is_torch_bf16_gpu_available():
+        from deepspeed.accelerator import get_accelerator
+        return get_accelerator().is_bf16_supported()
+    module.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
 
 
 def _no_hub_kernels(module):
@@ -82,7 +95,7 @@ def _route_partial_state(module):
     original_set_device = state.set_device
 
     def _prepare_backend(self, cpu=False, sagemaker_dp=False, backend=None):
-        if cpu or sagemaker_dp or not _launched():
+        if cpu or sagemaker_dp or not _launched() or (not is_deepspeed_run() and _world_size() == 1):
             return original_prepare_backend(self, cpu, sagemaker_dp, backend)
         if not is_deepspeed_run():
             raise SystemExit("deepspeed_xla: a multi-process transformers/Accelerate run without DeepSpeed under "
@@ -110,6 +123,7 @@ def _route_partial_state(module):
 _HOOKS = (
     PostImportHook("accelerate.utils.imports", _hide_torch_xla_from_accelerate),
     PostImportHook("transformers.utils.import_utils", _hide_torch_xla_from_transformers),
+    PostImportHook("transformers.training_args", _bf16_from_accelerator),
     PostImportHook("transformers.modeling_utils", _no_hub_kernels),
     PostImportHook("accelerate.state", _route_partial_state),
 )

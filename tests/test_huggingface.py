@@ -49,7 +49,7 @@ def test_nothing_changes_without_ds_accelerator(launched):
 
 def test_a_launched_run_without_deepspeed_stops_with_one_line(launched):
     code = "from accelerate.state import PartialState\nPartialState()"
-    proc = run_python(code, "xla", dict(launched, ACCELERATE_USE_DEEPSPEED="false"))
+    proc = run_python(code, "xla", dict(launched, WORLD_SIZE="2", ACCELERATE_USE_DEEPSPEED="false"))
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith(
         "deepspeed_xla: a multi-process transformers/Accelerate run without DeepSpeed under DS_ACCELERATOR=xla")
@@ -62,3 +62,12 @@ def test_an_untested_major_version_stops_with_one_line(monkeypatch):
         huggingface.check_version("transformers")
     monkeypatch.setattr(huggingface.importlib.metadata, "version", lambda name: "5.25.0")
     huggingface.check_version("transformers")
+
+
+def test_trainer_takes_bf16_where_the_accelerator_has_it(launched, tmp_path):
+    # with torch_xla hidden, transformers finds no bf16 device: "Your setup doesn't support bf16/gpu"
+    code = ("import json, transformers\n"
+            "config = {'zero_optimization': {'stage': 2}, 'bf16': {'enabled': 'auto'}}\n"
+            f"args = transformers.TrainingArguments(output_dir={str(tmp_path)!r}, bf16=True, deepspeed=config, report_to=[])\n"
+            "print(json.dumps([args.bf16, str(args.device)]))")
+    assert last_json(run_python(code, "xla", launched)) == [True, "xla:0"]
