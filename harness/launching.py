@@ -145,3 +145,24 @@ def launch(script_args, candidate, workdir, *, num_gpus=None, include=None, env=
     port = free_port()
     return run_in_session(deepspeed_command(resources, script_args, port, runner), accelerator_env(candidate, env),
                           workdir, workdir / f"launch-{label}-{time.monotonic_ns()}.log", timeout, port=port)
+
+
+def hostfile_command(bed, hostfile, script_args, port, workdir):
+    """`deepspeed --hostfile HOSTFILE --master_addr host0 --master_port PORT SCRIPT_ARGS` as run on host 0 of `bed`
+    (harness/multihost.py) in `workdir`; with `bed.client_env(...)` as its environment."""
+    resources = ["--hostfile", str(hostfile), "--master_addr", bed.hosts[0].name]
+    return bed.on_host(0, deepspeed_command(resources, script_args, port), workdir)
+
+
+def launch_on_hosts(bed, hostfile, script_args, candidate, workdir, *, env=None, timeout=600):
+    """`deepspeed --hostfile ...` (hostfile_command) on `candidate` from host 0 of `bed`, as `launch` runs a single
+    host: in a session of its own, killed whole when the run ends; processes it left on the hosts are the bed's
+    to find (`bed.settled_processes()`)."""
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    label = "cpu" if candidate is None else candidate.name
+    port = free_port()
+    return run_in_session(hostfile_command(bed, hostfile, script_args, port, workdir),
+                          bed.client_env(accelerator_env(candidate, env)), workdir,
+                          workdir / f"launch-hosts-{label}-{time.monotonic_ns()}.log", timeout, port=port)
+

@@ -18,3 +18,8 @@ def last_error_line(log):
 def tail(log, lines=25):
     """The last `lines` lines of a log."""
     return "\n".join(log.strip().splitlines()[-lines:])
+
+
+def last_line(log):
+    """The last non-blank line of a log, stripped ('' for none): where a command that fails in one line says why."""
+    return next((line.strip() for line in reversed(log.splitlines()) if line.strip()), "")

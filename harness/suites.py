@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .paths import CONFORMANCE
 
-AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts", "huggingface")
+AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts", "huggingface",
+         "multihost")
 SUITES = {**{area: (area, ) for area in AREAS}, "all": AREAS, "smoke": AREAS}
 
 SMOKE = {
@@ -30,6 +31,7 @@ SMOKE = {
     "graph": ("*", ),  # one small model per config, all in one fresh process
     "scripts": ("*[parameter-list-zero2-1rank]", "*[client-optimizer-zero1-1rank]"),
     "huggingface": ("*[trainer-llama-zero2-2rank]", "*[accelerate-gpt2-zero3-2rank]"),
+    "multihost": ("*[zero3-fp32-2hosts-x2]", ),
 }
 SELECTIONS = {"smoke": SMOKE}  # selective suite -> {area: test id patterns}
 

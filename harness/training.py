@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import logs
+from . import logs, multihost
 from .candidate_env import accelerator_env
-from .launching import deepspeed_command, free_port, run_in_session, single_rank_env
+from .launching import deepspeed_command, free_port, hostfile_command, run_in_session, single_rank_env
 
 
 class TrainingFailed(RuntimeError):
@@ -31,16 +31,20 @@ class TrainingRun:
     log: str
     compilations: list | None = None
     reported: dict = dataclasses.field(default_factory=dict)
+    # on several hosts: the processes each host still had after the run's launcher ended ({host: [command line]}),
+    # which the run then killed
+    left_behind: dict = dataclasses.field(default_factory=dict)
 
 
-def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, launcher="python",
+def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, launcher="python", hosts=1,
                  extra_args=(), extra_env=None, timeout=600):
     """Train `script` with DeepSpeed config `config` on `candidate` (a CandidateSpec), or on
     DeepSpeed's CPU accelerator (the reference) when candidate is None; a TrainingRun.
 
     launcher="python": one rank, started as `python script.py` with RANK/WORLD_SIZE/...
     set (how torchrun-style jobs start a rank). launcher="deepspeed": DeepSpeed's own
-    launcher with `--num_gpus world_size`. TrainingFailed names the script, config, ranks,
+    launcher with `--num_gpus world_size`, or with hosts > 1 `--hostfile` over that many hosts of a bed
+    started for the run (harness/multihost.py), world_size / hosts ranks each, started from host 0. TrainingFailed names the script, config, ranks,
     accelerator, how the run ended and its last error line, with the log tail.
     """
     workdir = Path(workdir)
@@ -65,7 +69,19 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
         cmd = deepspeed_command(["--num_gpus", str(world_size)], args, port)
     else:
         raise ValueError(f"unknown launcher {launcher!r}: expected 'python' or 'deepspeed'")
-    run = run_in_session(cmd, env, workdir, workdir / f"train-{label}.log", timeout, port=port)
+    if hosts == 1:
+        run = run_in_session(cmd, env, workdir, workdir / f"train-{label}.log", timeout, port=port)
+        left_behind = {}
+    else:
+        if launcher != "deepspeed" or world_size % hosts:
+            raise ValueError(f"{world_size} ranks over {hosts} hosts: several hosts need launcher='deepspeed' and "
+                             "the same number of ranks on each")
+        with multihost.HostBed(hosts, workdir / f"hosts-{label}") as bed:
+            hostfile = bed.hostfile(workdir / f"hostfile-{label}", world_size // hosts)
+            cmd = hostfile_command(bed, hostfile, args, port, workdir)
+            run = run_in_session(cmd, bed.client_env(env), workdir, workdir / f"train-{label}.log", timeout, port=port)
+            left_behind = {host: [cmdline for _, cmdline in listed] for host, listed in bed.settled_processes().items()
+                           if listed}
     if run.returncode != 0 or not losses_file.exists():
         who = "the CPU reference" if candidate is None else f"candidate {candidate.text}"
         ending = (f"trained to the end (its losses written) but did not exit within {timeout}s: a process of it hung at "
@@ -78,4 +94,4 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
                              f"{ending}{f' ({error})' if error else ''}; log tail:\n{logs.tail(run.log)}")
     result = json.loads(losses_file.read_text())
     return TrainingRun(losses=result.pop("losses"), device=result.pop("device"), log=run.log,
-                       compilations=result.pop("compilations", None), reported=result)
+                       compilations=result.pop("compilations", None), reported=result, left_behind=left_behind)

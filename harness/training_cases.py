@@ -25,6 +25,9 @@ class TrainingCase:
     # the ranks of the reference run, where it cannot run on `ranks` (Trainer and Accelerate run DeepSpeed on the CPU
     # accelerator in one process only): the one-process run with the same global batch; None: `ranks`
     reference_ranks: int | None = None
+    # hosts the candidate's ranks are spread over (`deepspeed --hostfile`, ranks / hosts per host, on a bed of
+    # hosts on this machine: harness/multihost.py); the reference trains the same ranks on one host
+    hosts: int = 1
     # the area's own fields, which only its checks read (a checkpoint's save_after, a graph step's allowance)
     area_fields: dict = dataclasses.field(default_factory=dict, hash=False)
 
@@ -35,12 +38,13 @@ class TrainingCase:
 
     def run(self, candidate, workdir, extra_args=(), timeout=600):
         """Train this case on `candidate` (None: DeepSpeed's CPU accelerator), its args followed by
-        `extra_args`; a TrainingRun. The reference trains on `reference_ranks` where set."""
+        `extra_args`; a TrainingRun. The reference trains on `reference_ranks` where set, on one host."""
         from .training import run_training
         ranks = self.ranks if candidate is not None or self.reference_ranks is None else self.reference_ranks
         return run_training(FIXTURES / self.script, FIXTURES / self.config, candidate, workdir,
                             world_size=ranks, steps=self.steps,
                             launcher="python" if ranks == 1 else "deepspeed",
+                            hosts=self.hosts if candidate is not None else 1,
                             extra_args=(*self.args, *extra_args), timeout=timeout)
 
 

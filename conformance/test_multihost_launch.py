@@ -1,0 +1,164 @@
+"""DeepSpeed's multi-node runner with the candidate, on a bed of 2 hosts on this machine (harness/multihost.py):
+what every rank gets, what the launcher parent on host 0 leaves alone, and how a run ends when a host cannot
+take part or a rank on another host dies.
+
+The command is a pod user's, unchanged: `DS_ACCELERATOR=xla deepspeed --hostfile H --master_addr host0 SCRIPT`
+from host 0, with DeepSpeed's default pdsh runner over ssh. Every run has a deadline, and no process may be left
+on any host once the launcher has ended.
+"""
+
+import json
+import os
+import signal
+import site
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import logs, multihost
+from harness.candidate_env import accelerator_env
+from harness.launching import free_port, hostfile_command, launch_on_hosts
+from harness.paths import FIXTURES
+
+pytestmark = [pytest.mark.area("multihost"),
+              pytest.mark.skipif(multihost.unavailable() is not None, reason=str(multihost.unavailable()))]
+
+SLOTS = 2  # ranks per host
+FAILURE_DEADLINE_S = 180  # a failed run ends in well under a minute; a run that waits for a lost peer never does
+ENV_FILE_VARIABLE = "MULTIHOST_FROM_ENV_FILE"  # a name no runner forwards by prefix: only .deepspeed_env brings it
+
+
+def _left(bed):
+    return {host: listed for host, listed in bed.settled_processes().items() if listed}
+
+
+def _failure_run(bed, hostfile, args, candidate, workdir, env=None):
+    run = launch_on_hosts(bed, hostfile, args, candidate, workdir, env=env, timeout=FAILURE_DEADLINE_S)
+    return run, _left(bed)
+
+
+def test_launched_ranks_follow_the_hostfile(accel, candidate, evidence, tmp_path):
+    (tmp_path / ".deepspeed_env").write_text(f"{ENV_FILE_VARIABLE}=from-the-env-file\n")
+    with multihost.HostBed(2, tmp_path / "bed") as bed:
+        hostfile = bed.hostfile(tmp_path / "hostfile", SLOTS)
+        out = tmp_path / "ranks"
+        run = launch_on_hosts(bed, hostfile, [FIXTURES / "probe_env.py", "--out", out, "--vars",
+                                              f"DS_ACCELERATOR,{ENV_FILE_VARIABLE}"], candidate, tmp_path, timeout=300)
+        left = _left(bed)
+    assert run.returncode == 0, f"`deepspeed --hostfile` over 2 hosts exited {run.returncode}:\n{logs.tail(run.log)}"
+    world = 2 * SLOTS
+    ranks = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)}
+    evidence.update(ranks=ranks, left_behind=left)
+    backend = accel.communication_backend_name()
+    for rank, seen in ranks.items():
+        host, local_rank = f"host{rank // SLOTS}", rank % SLOTS
+        assert seen["host"] == host, f"rank {rank} ran on {seen['host']}; the hostfile's order puts it on {host}"
+        launch_vars = {name: seen["env"][name] for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+        assert launch_vars == {"RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world)}, (
+            f"rank {rank} on {host} was launched with {launch_vars}")
+        assert seen["env"]["DS_ACCELERATOR"] == "xla", f"DS_ACCELERATOR did not reach rank {rank} on {host}"
+        assert seen["env"][ENV_FILE_VARIABLE] == "from-the-env-file", (
+            f"rank {rank} on {host}: {ENV_FILE_VARIABLE} from .deepspeed_env in the working directory did not reach it")
+        assert seen["device"].startswith("xla"), f"rank {rank} on {host} computed on {seen['device']}"
+        assert seen["backend"] == backend, f"rank {rank} on {host}: backend {seen['backend']}, the accelerator's is {backend}"
+        assert seen["all_reduce"] == float(world), (
+            f"rank {rank} on {host}: all_reduce of ones over {world} ranks on 2 hosts gave {seen['all_reduce']}")
+    assert not left, f"the launcher ended, and processes were left on hosts: {left}"
+
+
+def test_runner_parent_on_host0_leaves_runtime_uninitialised(candidate, evidence, tmp_path):
+    # fixtures/runner_parent.py: the real runner up to starting pdsh (its ssh check is the runs' to prove)
+    with multihost.HostBed(2, tmp_path / "bed") as bed:
+        hostfile = bed.hostfile(tmp_path / "hostfile", SLOTS)
+        cmd = bed.on_host(0, [sys.executable, FIXTURES / "runner_parent.py", "--hostfile", hostfile, "--master_addr",
+                              "host0", "--master_port", str(free_port()), "--no_ssh_check", "train.py"], tmp_path)
+        proc = subprocess.run(cmd, env=bed.client_env(accelerator_env(candidate)), capture_output=True, text=True,
+                              timeout=300)
+    assert proc.returncode == 0, f"the runner parent failed on host 0:\n{proc.stderr[-3000:]}"
+    parent = json.loads(proc.stdout.strip().splitlines()[-1])
+    evidence.update(runtime_initialized=parent["runtime_initialized"], world_info=parent["world_info"])
+    assert parent["runtime_initialized"] is False, (
+        "`deepspeed --hostfile` initialised the XLA runtime in the launcher parent on host 0: on a TPU VM the "
+        "parent would own host 0's chips")
+    assert parent["world_info"] == {"host0": [0, 1], "host1": [0, 1]}, (
+        f"the runner would start ranks {parent['world_info']} from a hostfile of host0, host1 with {SLOTS} slots")
+
+
+def test_unreachable_host_stops_the_run_in_one_line(candidate, evidence, tmp_path):
+    with multihost.HostBed(2, tmp_path / "bed") as bed:
+        hostfile = tmp_path / "hostfile"  # a third address on the hosts' network where no host answers
+        unreachable = str(multihost.SUBNET[len(bed.hosts) + 7])
+        hostfile.write_text(f"host0 slots={SLOTS}\nhost1 slots={SLOTS}\n{unreachable} slots={SLOTS}\n")
+        run, left = _failure_run(bed, hostfile, [FIXTURES / "probe_env.py", "--out", tmp_path / "ranks"], candidate,
+                                 tmp_path)
+    evidence.update(returncode=run.returncode, seconds=round(run.seconds, 1), last_line=logs.last_line(run.log),
+                    left_behind=left)
+    assert not run.timed_out, (f"with host {unreachable} unreachable the run did not end within {FAILURE_DEADLINE_S}s "
+                               f"(the other hosts' ranks wait for their peers):\n{logs.tail(run.log)}")
+    assert run.returncode != 0, "a run with an unreachable host exited 0"
+    assert unreachable in logs.last_line(run.log), (
+        f"the run's last line does not name the unreachable host {unreachable}: {logs.last_line(run.log)!r}")
+    assert not left, f"processes were left on hosts: {left}"
+
+
+def test_host_without_torch_xla_stops_the_run_in_one_line(candidate, evidence, tmp_path):
+    torch_xla_dirs = [Path(p) / "torch_xla" for p in site.getsitepackages() if (Path(p) / "torch_xla").is_dir()]
+    with multihost.HostBed(2, tmp_path / "bed", hide={1: torch_xla_dirs}) as bed:
+        hostfile = bed.hostfile(tmp_path / "hostfile", SLOTS)
+        run, left = _failure_run(bed, hostfile, [FIXTURES / "probe_env.py", "--out", tmp_path / "ranks"], candidate,
+                                 tmp_path)
+    last = logs.last_line(run.log)
+    evidence.update(returncode=run.returncode, seconds=round(run.seconds, 1), last_line=last, left_behind=left)
+    assert not run.timed_out, f"with torch_xla missing on host1 the run did not end within {FAILURE_DEADLINE_S}s"
+    assert run.returncode != 0, "a run with torch_xla missing on host1 exited 0"
+    assert "host1" in last and "torch_xla" in last, (
+        f"the run's last line does not say that host1 lacks torch_xla: {last!r}\n{logs.tail(run.log)}")
+    assert not left, f"processes were left on hosts: {left}"
+
+
+def test_rank_dying_on_host1_ends_the_run(candidate, evidence, tmp_path):
+    # rank 3 (host1) exits with status 3 while ranks 0-2 wait for it in an all_reduce
+    with multihost.HostBed(2, tmp_path / "bed") as bed:
+        hostfile = bed.hostfile(tmp_path / "hostfile", SLOTS)
+        run, left = _failure_run(bed, hostfile, [FIXTURES / "faulty.py", "--mode", "die", "--faulty-rank", "3"],
+                                 candidate, tmp_path, env={"DS_XLA_COLLECTIVE_TIMEOUT": "60"})
+    failed_hosts = [line for line in run.log.splitlines() if "ssh exited with exit code" in line]
+    evidence.update(returncode=run.returncode, seconds=round(run.seconds, 1), host_lines=failed_hosts,
+                    left_behind=left)
+    assert not run.timed_out, f"a rank died on host1 and the run did not end within {FAILURE_DEADLINE_S}s"
+    assert run.returncode != 0, "a run whose rank 3 exited 3 exited 0"
+    assert any("host1: ssh exited with exit code 3" in line for line in failed_hosts), (
+        f"the run does not say that host1 failed with its rank's status 3: {failed_hosts}\n{logs.tail(run.log)}")
+    assert not left, f"processes were left on hosts: {left}"
+
+
+def test_interrupted_run_leaves_no_process_on_any_host(candidate, evidence, tmp_path):
+    # a Ctrl-C to `deepspeed` on host 0 in the middle of training
+    with multihost.HostBed(2, tmp_path / "bed") as bed:
+        hostfile = bed.hostfile(tmp_path / "hostfile", SLOTS)
+        losses = tmp_path / "losses.json"
+        cmd = hostfile_command(bed, hostfile, [FIXTURES / "train.py", "--deepspeed_config", FIXTURES / "configs" /
+                                               "zero3.json", "--steps", "100000", "--losses-out", losses],
+                               free_port(), tmp_path)
+        with open(tmp_path / "runner.log", "w") as log:
+            runner = subprocess.Popen(cmd, env=bed.client_env(accelerator_env(candidate)), stdout=log,
+                                      stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 300
+            while not all(bed.processes().values()) and time.monotonic() < deadline:  # ranks on every host
+                time.sleep(1)
+            time.sleep(10)
+            running = {host: len(listed) for host, listed in bed.processes().items()}
+            os.killpg(runner.pid, signal.SIGINT)  # as Ctrl-C reaches the foreground job: the runner, pdsh, ssh
+            returncode = runner.wait(timeout=60)
+        finally:
+            if runner.poll() is None:
+                os.killpg(runner.pid, signal.SIGKILL)
+                runner.wait()
+        left = _left(bed)
+    evidence.update(running_before=running, returncode=returncode, left_behind=left)
+    assert all(running.values()), f"the run was interrupted before every host ran its ranks: {running}"
+    assert not left, f"after a Ctrl-C to the runner on host 0 processes were left on hosts: {left}"
