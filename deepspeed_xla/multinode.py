@@ -65,7 +65,7 @@ def _verdict(host, returncode, out, err, cwd, python):
         return f"{host}: no Python at {python} (every host needs the same environment at the same path)"
     if returncode == 255 or not out.startswith("missing:"):
         said = (err.strip().splitlines() or [f"ssh exited {returncode}"])[-1]
-        return f"{host}: not reachable over ssh ({said}); `ssh {host} hostname` must work from this host without a prompt"
+        return f"{host}: not reachable over ssh ({said}), `ssh {host} hostname` must work from this host without a prompt"
     missing = out.split()[1:]
     if missing:
         return (f"{host}: {python} cannot import {', '.join(missing)} (install the same environment on every host: "

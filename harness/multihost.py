@@ -4,8 +4,8 @@ Each host of a `HostBed` is a Linux network namespace with one interface on a pr
 are joined by a bridge in a namespace of the bed's own), its own hostname (a UTS namespace), its own
 /etc/hosts naming every host (a bind mount in its own mount namespace) and its own processes (a PID
 namespace: `ps` or DeepSpeed's `pkill` on a host sees that host's only), so a rank that binds or resolves
-the wrong address fails as it would on a pod, and a command aimed at one host's processes reaches no other. Each host runs an sshd on port 22 of its address that
-accepts a key made for the bed. All hosts share the file system: the same Python environment and code at
+the wrong address fails as it would on a pod, and a command aimed at one host's processes reaches no other.
+Each host runs an sshd on port 22 of its address that accepts a key made for the bed. All hosts share the file system: the same Python environment and code at
 the same path, as on a TPU slice prepared with `gcloud ... --worker=all`.
 
 A command runs on host 0 through `on_host(0, cmd)` (it enters host 0's namespaces), with `client_env(env)`:
@@ -64,14 +64,15 @@ def unavailable():
 
 def ensure_packages():
     """Install pdsh and OpenSSH from the Debian packages when missing (as root, once per machine: other
-    processes wait on a lock); a no-op where they are present or where apt-get is not there."""
+    processes wait on a lock); the packages installed, none where they are present or where this is not root
+    with apt-get. HostBedError when apt-get fails."""
     if all(_which(name) for name in PACKAGES) or os.geteuid() != 0 or _which("apt-get") is None:
-        return
+        return []
     with open(APT_LOCK, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         missing = sorted({package for name, package in PACKAGES.items() if _which(name) is None})
         if not missing:
-            return
+            return []
         install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing]
         env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
         if subprocess.run(install, env=env, capture_output=True).returncode != 0:
@@ -79,6 +80,7 @@ def ensure_packages():
             done = subprocess.run(install, env=env, capture_output=True, text=True)
             if done.returncode != 0:
                 raise HostBedError(f"`{' '.join(install)}` failed:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+        return missing
 
 
 def _run(cmd, what, **kwargs):
@@ -103,9 +105,23 @@ def _kill(pids):
             os.kill(pid, signal.SIGKILL)
 
 
-def _remove_namespaces(names):
-    for name in names:
-        _kill(_netns_pids(name))
+def _alive(pid):
+    """Whether `pid` runs (a zombie, which only waits for its parent to collect its status, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def _remove_namespaces(names, wait_s=10.0):
+    """Kill every process in the network namespaces `names`, wait (up to `wait_s`) until none runs, delete them."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        pids = [pid for name in names for pid in _netns_pids(name) if _alive(pid)]
+        if not pids or time.monotonic() >= deadline:
+            break
+        _kill(pids)
+        time.sleep(0.1)
     for name in names:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
@@ -176,6 +192,8 @@ class HostBed:
     # -- start ---------------------------------------------------------------------------------------------
 
     def start(self):
+        """Make the hosts and start their sshds (about 2 s); HostBedError says which step failed. Removes the
+        beds of owners that died first."""
         reason = unavailable()
         if reason:
             raise HostBedError(reason)

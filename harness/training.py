@@ -44,8 +44,9 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     launcher="python": one rank, started as `python script.py` with RANK/WORLD_SIZE/...
     set (how torchrun-style jobs start a rank). launcher="deepspeed": DeepSpeed's own
     launcher with `--num_gpus world_size`, or with hosts > 1 `--hostfile` over that many hosts of a bed
-    started for the run (harness/multihost.py), world_size / hosts ranks each, started from host 0. TrainingFailed names the script, config, ranks,
-    accelerator, how the run ended and its last error line, with the log tail.
+    started for the run (harness/multihost.py), world_size / hosts ranks each, started from host 0.
+    TrainingFailed names the script, config, ranks, accelerator, how the run ended and its last error line,
+    with the log tail.
     """
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
