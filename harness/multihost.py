@@ -5,8 +5,9 @@ are joined by a bridge in a namespace of the bed's own), its own hostname (a UTS
 /etc/hosts naming every host (a bind mount in its own mount namespace) and its own processes (a PID
 namespace: `ps` or DeepSpeed's `pkill` on a host sees that host's only), so a rank that binds or resolves
 the wrong address fails as it would on a pod, and a command aimed at one host's processes reaches no other.
-Each host runs an sshd on port 22 of its address that accepts a key made for the bed. All hosts share the file system: the same Python environment and code at
-the same path, as on a TPU slice prepared with `gcloud ... --worker=all`.
+Each host runs an sshd on port 22 of its address that accepts a key made for the bed. All hosts share the
+file system: the same Python environment and code at the same path, as on a TPU slice prepared with
+`gcloud ... --worker=all`.
 
 A command runs on host 0 through `on_host(0, cmd)` (it enters host 0's namespaces), with `client_env(env)`:
 `ssh` on its PATH is the bed's, which uses the bed's key and known-hosts file. Nothing of the machine is
