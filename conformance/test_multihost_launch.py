@@ -87,6 +87,65 @@ def test_runner_parent_on_host0_leaves_runtime_uninitialised(candidate, evidence
         f"the runner would start ranks {parent['world_info']} from a hostfile of host0, host1 with {SLOTS} slots")
 
 
+TPU_CHIPS = 4  # per host of the bed's TPU v4 slice
+TPU_BASE_PORT = 8476  # PyTorch/XLA's first per-process port
+
+
+def _tpu_launch(bed, order, candidate, workdir):
+    hostfile = bed.hostfile(workdir / "hostfile", TPU_CHIPS, order=order)
+    out = workdir / "ranks"
+    # The hosts have TPU chips and metadata but no TPU runtime: the probe reads its environment and touches no
+    # device, and a launcher process that started the runtime would fail the run.
+    run = launch_on_hosts(bed, hostfile, [FIXTURES / "probe_tpu_env.py", "--out", out], candidate, workdir,
+                          env={"PJRT_DEVICE": "TPU"}, timeout=FAILURE_DEADLINE_S)
+    return run, out, _left(bed)
+
+
+def test_tpu_slice_ranks_get_the_topology_pytorch_xla_spawn_would(candidate, evidence, tmp_path):
+    # docs/tpu.md: one chip per process, the slice as a grid of one-chip processes, a port per local rank on
+    # every host's address in worker-id order, and CLOUD_TPU_TASK_ID = worker id x chips per host + local rank
+    with multihost.HostBed(2, tmp_path / "bed", tpu=True) as bed:
+        run, out, left = _tpu_launch(bed, [0, 1], candidate, tmp_path)
+        addresses = [host.address for host in bed.hosts]
+        accelerator_type = bed.accelerator_type
+    assert run.returncode == 0, (f"`deepspeed --hostfile` on the 2 workers of a {accelerator_type} slice exited "
+                                 f"{run.returncode}:\n{logs.tail(run.log)}")
+    world = 2 * TPU_CHIPS
+    ranks = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)}
+    evidence.update(accelerator_type=accelerator_type, ranks=ranks, left_behind=left)
+    every_process = ",".join(f"{address}:{TPU_BASE_PORT + chip}" for address in addresses for chip in range(TPU_CHIPS))
+    for rank, seen in ranks.items():
+        worker, local_rank = divmod(rank, TPU_CHIPS)
+        expected = {
+            "RANK": str(rank), "LOCAL_RANK": str(local_rank), "WORLD_SIZE": str(world),
+            "TPU_VISIBLE_CHIPS": str(local_rank), "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+            "TPU_PROCESS_BOUNDS": "2,2,2",  # hosts 1,1,2 x chips 2,2,1
+            "CLOUD_TPU_TASK_ID": str(rank), "TPU_PROCESS_PORT": str(TPU_BASE_PORT + local_rank),
+            "TPU_PROCESS_ADDRESSES": every_process,
+            "PJRT_LOCAL_PROCESS_RANK": str(local_rank), "PJRT_LOCAL_PROCESS_COUNT": str(TPU_CHIPS),
+        }
+        got = {name: seen["env"].get(name) for name in expected}
+        wrong = {name: (got[name], want) for name, want in expected.items() if got[name] != want}
+        assert seen["host"] == f"host{worker}" and not wrong, (
+            f"rank {rank} (TPU worker {worker}, local rank {local_rank}) ran on {seen['host']} with, as (got, "
+            f"expected): {wrong}")
+    assert not left, f"processes were left on hosts: {left}"
+
+
+def test_tpu_hostfile_out_of_worker_order_stops_the_run_in_one_line(candidate, evidence, tmp_path):
+    with multihost.HostBed(2, tmp_path / "bed", tpu=True) as bed:
+        run, out, left = _tpu_launch(bed, [1, 0], candidate, tmp_path)
+    last = logs.last_line(run.log)
+    evidence.update(returncode=run.returncode, last_line=last, ranks_started=sorted(p.name for p in out.glob("*")),
+                    left_behind=left)
+    assert not run.timed_out and run.returncode != 0, (
+        f"a hostfile listing worker 1 first was not refused (exit {run.returncode}): its ranks' numbering disagrees "
+        "with their CLOUD_TPU_TASK_ID")
+    assert "worker-id order" in last and "host1" in last, f"the run's last line does not say so: {last!r}"
+    assert not out.exists(), f"ranks started before the refusal: {sorted(p.name for p in out.glob('*'))}"
+    assert not left, f"processes were left on hosts: {left}"
+
+
 def test_unreachable_host_stops_the_run_in_one_line(candidate, evidence, tmp_path):
     with multihost.HostBed(2, tmp_path / "bed") as bed:
         hostfile = tmp_path / "hostfile"  # a third address on the hosts' network where no host answers

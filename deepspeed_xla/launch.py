@@ -11,8 +11,9 @@ DeepSpeed's files (the activation hook calls them, see _activation.py):
     path, is applied to the environment of the run on a single node too, later files
     and the file's values winning over the inherited environment, as DeepSpeed's
     exports do on remote nodes;
-  - on the multi-node path, every host of the run is probed over ssh before anything
-    starts (multinode.py): one line names each host that cannot start its ranks;
+  - on the multi-node path, before anything starts (multinode.py): on a TPU slice the
+    hostfile must list the workers in worker-id order, and every host of the run is
+    probed over ssh; one line names each host that cannot start its ranks;
   - on PJRT CPU, where devices are emulated (one OS process per rank), the emulated
     device count covers the slots that `--include`/`--exclude` name, so that
     `deepspeed --include localhost:0,1` works like `--num_gpus 2`.
@@ -104,6 +105,7 @@ def prepare_runner_environment(args, environ: MutableMapping[str, str] | None = 
     arguments). Never starts the XLA runtime."""
     environ = os.environ if environ is None else environ
     apply_env_files(environ)
+    multinode.check_worker_order(args, environ)
     multinode.check_hosts(args)
     if discovery.device_type(environ) != "CPU":
         return

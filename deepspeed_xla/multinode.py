@@ -9,7 +9,13 @@ goes where DeepSpeed's launcher will (the same working directory, this interpret
 every host's launcher) and finds DeepSpeed, torch_xla and this package there without importing them. A host that
 fails stops the run before anything starts: one line naming each such host, what failed and what to do.
 
-The check follows the runner's own options: none with `--no_ssh_check` or `--no_ssh`, and none for launchers
+On a TPU slice the hostfile must list the slice's hosts in worker-id order: ranks follow the hostfile
+(rank = position x chips per host + local rank), and each worker's CLOUD_TPU_TASK_ID follows its worker id
+(backend/pjrt_env.py), so the two numberings agree only in that order. `check_worker_order` compares the
+hostfile with the slice's workers as this host's TPU metadata lists them (`worker-network-endpoints`), and
+refuses another order, or hosts that are not the slice's, in one line that gives the order to write.
+
+The ssh check follows the runner's own options: none with `--no_ssh_check` or `--no_ssh`, and none for launchers
 other than pdsh (MPI and Slurm start ranks their own way); `--ssh_port` is used.
 """
 
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -104,3 +111,40 @@ def check_hosts(args, cwd=None, python=None):
     if problems:
         raise HostCheckFailed(f"deepspeed: {len(problems)} of {len(hosts)} hosts in {args.hostfile} cannot start "
                               f"ranks, nothing was started: {'; '.join(problems)}")
+
+
+def _address(host):
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host  # a name this host cannot resolve: compared as written, and named as such
+
+
+def check_worker_order(args, environ=None, topology=None):
+    """On a TPU host (chips on the PCI bus, PJRT_DEVICE TPU or unset) whose slice has several workers: refuse
+    (HostCheckFailed, one line) a hostfile whose hosts are not the slice's workers in worker-id order.
+    `topology` (an xla_host.tpu_topology.TpuTopology) replaces detection, for tests."""
+    from xla_host import tpu_topology
+    environ = os.environ if environ is None else environ
+    if environ.get("PJRT_DEVICE", "TPU").strip().upper() not in ("TPU", ""):
+        return
+    hosts = active_hosts(args)
+    if not hosts:
+        return
+    topology = topology or tpu_topology.detect_topology(environ)
+    if topology is None or topology.num_hosts < 2:
+        return
+    addresses = [_address(host) for host in hosts]
+    workers = list(topology.worker_ips)
+    if addresses == workers:
+        return
+    listed = ", ".join(f"{host} ({address}, " + (f"worker {workers.index(address)})" if address in workers
+                                                  else "not a worker of this slice)")
+                       for host, address in zip(hosts, addresses))
+    problem = ("out of worker-id order" if sorted(addresses) == sorted(workers) else
+               f"not as the {len(workers)} workers of this {topology.accelerator_type} slice")
+    raise HostCheckFailed(
+        f"deepspeed: {args.hostfile} lists the TPU slice's hosts {problem}: {listed}; ranks follow the hostfile and "
+        f"each worker's CLOUD_TPU_TASK_ID its worker id, so list every worker in worker-id order (as "
+        f"worker-network-endpoints does): {', '.join(workers)}")
+

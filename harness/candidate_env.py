@@ -50,8 +50,8 @@ def accelerator_env(candidate, extra=None):
     interpreter start) or, when None, on DeepSpeed's CPU accelerator (the reference): this
     process's environment plus `extra`, on PJRT CPU unless told otherwise, unbuffered so a log
     tail shows the last thing a rank said."""
-    env = without_candidate(dict(os.environ, PJRT_DEVICE=os.environ.get("PJRT_DEVICE", "CPU"), PYTHONUNBUFFERED="1",
-                                 **(extra or {})))
+    env = without_candidate({**os.environ, "PJRT_DEVICE": os.environ.get("PJRT_DEVICE", "CPU"), "PYTHONUNBUFFERED": "1",
+                             **(extra or {})})
     return dict(env, DS_ACCELERATOR="cpu") if candidate is None else child_env(candidate, env, at_start=True)
 
 

@@ -9,6 +9,12 @@ Each host runs an sshd on port 22 of its address that accepts a key made for the
 file system: the same Python environment and code at the same path, as on a TPU slice prepared with
 `gcloud ... --worker=all`.
 
+With `tpu=True` the hosts are a 2x2x1-chip TPU v4 slice's workers in bed order (host0 is worker 0), as far as
+anything that asks without starting a runtime can tell: each has 4 TPU chips on its PCI bus (a sysfs tree
+mounted over /sys/bus/pci/devices) and a GCE metadata server at metadata.google.internal (169.254.169.254 on
+the host) that answers that host's `tpu-env` (its worker id, the slice's type and bounds) and the slice's
+`worker-network-endpoints`. No TPU runtime can start there: ranks that touch a device fail.
+
 A command runs on host 0 through `on_host(0, cmd)` (it enters host 0's namespaces), with `client_env(env)`:
 `ssh` on its PATH is the bed's, which uses the bed's key and known-hosts file. Nothing of the machine is
 changed: no address of its own network, no file in /etc or ~/.ssh. `stop()` (or leaving the `with` block,
@@ -29,6 +35,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,6 +46,28 @@ PREFIX = "dsxbed"  # namespace names: PREFIX-<owner pid>-<n>-<role>
 SUBNET = ipaddress.ip_network("10.213.0.0/24")  # inside the bed's namespaces only: no host outside can see it
 SSHD_START_S = 20
 SETTLE_S = 10.0  # how long a host may take to end a finished session's processes
+METADATA_ADDRESS = "169.254.169.254"  # GCE's, on each host's own loopback: reachable from that host only
+TPU_CHIPS_PER_HOST_BOUNDS = (2, 2, 1)  # a TPU v4 host: 4 chips
+_GOOGLE_PCI_VENDOR, _TPU_V4_PCI_DEVICE = "0x1ae0", "0x005e"
+# One host's metadata server: serves the files of a directory to requests that carry GCE's header, as GCE's does.
+_METADATA_SERVER = """
+import http.server, pathlib, sys
+root = pathlib.Path(sys.argv[1])
+class Metadata(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        path = root / self.path.rsplit("/", 1)[-1]
+        if self.headers.get("Metadata-Flavor") != "Google" or not path.is_file():
+            self.send_error(403 if path.is_file() else 404)
+            return
+        body = path.read_bytes()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+http.server.ThreadingHTTPServer((sys.argv[2], 80), Metadata).serve_forever()
+"""
 APT_LOCK = Path(tempfile.gettempdir()) / f"{PREFIX}-apt.lock"
 
 
@@ -157,6 +186,7 @@ class Host:
     netns: str
     sshd: subprocess.Popen | None = None
     sshd_pid: int | None = None
+    metadata_server: subprocess.Popen | None = None
 
 
 _beds_started = 0
@@ -166,10 +196,11 @@ class HostBed:
     """`count` hosts named host0, host1, ... at 10.213.0.1, .2, ..., each with an sshd; a context manager.
 
     `hide` maps a host index to paths made empty on that host only (an empty directory mounted over each):
-    a host whose environment lacks a package. `dir` holds the bed's keys, configs and sshd logs.
+    a host whose environment lacks a package. `tpu`: the hosts are the workers of a TPU v4 slice of `count`
+    hosts (`accelerator_type`). `dir` holds the bed's keys, configs and logs.
     """
 
-    def __init__(self, count, dir, *, hide=None):
+    def __init__(self, count, dir, *, hide=None, tpu=False):
         global _beds_started
         _beds_started += 1
         self.dir = Path(dir)
@@ -178,6 +209,9 @@ class HostBed:
         self._switch = f"{self._prefix}-sw"
         self._hide = {int(index): [Path(p) for p in paths] for index, paths in (hide or {}).items()}
         self.hosts = [Host(f"host{i}", str(SUBNET[i + 1]), f"{self._prefix}-h{i}") for i in range(count)]
+        self.tpu = tpu
+        chips = TPU_CHIPS_PER_HOST_BOUNDS[0] * TPU_CHIPS_PER_HOST_BOUNDS[1] * TPU_CHIPS_PER_HOST_BOUNDS[2]
+        self.accelerator_type = f"v4-{2 * chips * count}" if tpu else None  # v4 names count TensorCores
 
     def __enter__(self):
         try:
@@ -206,6 +240,9 @@ class HostBed:
             host.sshd = self._start_sshd(index, host)
         for host in self.hosts:
             self._wait_listening(host)
+        if self.tpu:
+            for index, host in enumerate(self.hosts):
+                host.metadata_server = self._start_metadata_server(index, host)
 
     def _keys(self):
         for key in ("host_key", "client_key"):
@@ -232,7 +269,55 @@ class HostBed:
         ssh.write_text(f"#!/bin/sh\nexec {_which('ssh')} -F {self.dir / 'ssh_config'} \"$@\"\n")
         ssh.chmod(0o755)
         hosts = "".join(f"{host.address}\t{host.name}\n" for host in self.hosts)
-        (self.dir / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost\n{hosts}")
+        metadata = f"{METADATA_ADDRESS}\tmetadata.google.internal\n" if self.tpu else ""
+        (self.dir / "hosts").write_text(f"127.0.0.1\tlocalhost\n::1\tlocalhost\n{hosts}{metadata}")
+        if self.tpu:
+            self._tpu_files()
+
+    def _tpu_files(self):
+        """Per host: a PCI sysfs tree with its TPU chips, and the files its metadata server answers."""
+        host_bounds = (1, 1, len(self.hosts))
+        endpoints = ",".join(f"t1v-n-bed-w-{i}:{1000 + i}:{host.address}" for i, host in enumerate(self.hosts))
+        chips = TPU_CHIPS_PER_HOST_BOUNDS[0] * TPU_CHIPS_PER_HOST_BOUNDS[1] * TPU_CHIPS_PER_HOST_BOUNDS[2]
+        for index, host in enumerate(self.hosts):
+            root = self.dir / "tpu" / host.name
+            bus = root / "pci" / "devices"
+            bus.mkdir(parents=True, exist_ok=True)
+            for slot in range(chips):
+                address = f"0000:00:{slot + 4:02x}.0"
+                device = root / "pci-devices" / address
+                device.mkdir(parents=True, exist_ok=True)
+                (device / "vendor").write_text(_GOOGLE_PCI_VENDOR + "\n")
+                (device / "device").write_text(_TPU_V4_PCI_DEVICE + "\n")
+                if not (bus / address).is_symlink():
+                    (bus / address).symlink_to(device)
+            metadata = root / "metadata"
+            metadata.mkdir(exist_ok=True)
+            (metadata / "tpu-env").write_text(
+                f"ACCELERATOR_TYPE: '{self.accelerator_type}'\nWORKER_ID: '{index}'\n"
+                f"TPU_PROCESS_BOUNDS: '{','.join(map(str, host_bounds))}'\n"
+                f"TPU_CHIPS_PER_PROCESS_BOUNDS: '{','.join(map(str, TPU_CHIPS_PER_HOST_BOUNDS))}'\n")
+            (metadata / "worker-network-endpoints").write_text(endpoints)
+
+    def _start_metadata_server(self, index, host):
+        _run(["ip", "-n", host.netns, "addr", "add", f"{METADATA_ADDRESS}/32", "dev", "lo"],
+             f"giving {host.name} its metadata address")
+        log = self.dir / f"metadata.{host.name}.log"
+        with open(log, "w") as out:
+            server = subprocess.Popen(
+                self.on_host(index, [sys.executable, "-I", "-c", _METADATA_SERVER,
+                                     self.dir / "tpu" / host.name / "metadata", METADATA_ADDRESS], "/"),
+                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + SSHD_START_S
+        while time.monotonic() < deadline:  # listening once a connection to it is refused no more
+            probe = subprocess.run(self.on_host(index, ["bash", "-c", f"exec 3<>/dev/tcp/{METADATA_ADDRESS}/80"],
+                                                "/"), capture_output=True)
+            if probe.returncode == 0:
+                return server
+            if server.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise HostBedError(f"{host.name}'s metadata server did not start: {log.read_text().strip()[-1500:]}")
 
     def _network(self):
         _run(["ip", "netns", "add", self._switch], "adding the bed's switch namespace")
@@ -266,7 +351,9 @@ class HostBed:
             "MaxSessions 100\n")
         empty = self.dir / "empty"
         empty.mkdir(exist_ok=True)
-        mounts = [f"mount --bind {shlex.quote(str(self.dir / 'hosts'))} /etc/hosts",
+        pci = [f"mount --bind {shlex.quote(str(self.dir / 'tpu' / host.name / 'pci' / 'devices'))} "
+               "/sys/bus/pci/devices"] if self.tpu else []
+        mounts = [f"mount --bind {shlex.quote(str(self.dir / 'hosts'))} /etc/hosts", *pci,
                   *(f"mount --bind {shlex.quote(str(empty))} {shlex.quote(str(path))}"
                     for path in self._hide.get(index, []))]
         script = " && ".join([*mounts, f"hostname {host.name}",
@@ -315,13 +402,24 @@ class HostBed:
         env["PATH"] = f"{self.dir / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}"
         return env
 
+    @staticmethod
+    def _bed_pids(host):
+        """The processes of the bed itself on `host`: its sshd, and its metadata server (nsenter and its child)."""
+        pids = {host.sshd.pid, host.sshd_pid} if host.sshd is not None else set()
+        if host.metadata_server is not None:
+            pids.add(host.metadata_server.pid)
+            with contextlib.suppress(OSError):
+                pids.update(int(pid) for pid in Path(f"/proc/{host.metadata_server.pid}/task/"
+                                                     f"{host.metadata_server.pid}/children").read_text().split())
+        return pids
+
     def processes(self):
         """Every process on each host other than its sshd: {host name: [(pid, command line)]}."""
         found = {}
         for host in self.hosts:
             listed = []
             for pid in _netns_pids(host.netns):
-                if host.sshd is not None and pid in (host.sshd.pid, host.sshd_pid):
+                if pid in self._bed_pids(host):
                     continue
                 try:
                     cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
@@ -353,7 +451,8 @@ class HostBed:
         """Kill every process on every host and the sshds, and delete the bed's namespaces (idempotent)."""
         _remove_namespaces([host.netns for host in self.hosts] + [self._switch])
         for host in self.hosts:
-            if host.sshd is not None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(host.sshd.pid, signal.SIGKILL)
-                host.sshd.wait()
+            for process in (host.metadata_server, host.sshd):
+                if process is not None:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()

@@ -31,7 +31,8 @@ SMOKE = {
     "graph": ("*", ),  # one small model per config, all in one fresh process
     "scripts": ("*[parameter-list-zero2-1rank]", "*[client-optimizer-zero1-1rank]"),
     "huggingface": ("*[trainer-llama-zero2-2rank]", "*[accelerate-gpt2-zero3-2rank]"),
-    "multihost": ("*[zero3-fp32-2hosts-x2]", "*::test_launched_ranks_follow_the_hostfile", "*_in_one_line"),
+    "multihost": ("*[zero3-fp32-2hosts-x2]", "*::test_launched_ranks_follow_the_hostfile", "*::test_tpu_slice_ranks_*",
+                  "*_in_one_line"),
 }
 SELECTIONS = {"smoke": SMOKE}  # selective suite -> {area: test id patterns}
 

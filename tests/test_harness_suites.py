@@ -21,9 +21,10 @@ REFERENCE_RUNS = {
     "scripts-1rank": ("scripts", "1rank and not zero3", 21),  # user-script patterns and config variants, ZeRO 0-2
     # every other area's smoke checks: the launcher at 2 ranks, ZeRO-2 fp32 and ZeRO-3 bf16 at one rank,
     # a 2-stage pipeline, a checkpoint moved to CPU, each config's graphs, every lowering, Trainer and Accelerate
-    # at 2 ranks, ZeRO-3 and the launched ranks over 2 hosts, a host unreachable or without torch_xla (the interface
-    # area runs in test_harness_candidates, three times over)
-    "smoke": ("smoke", "not test_interface and not test_collective and not test_user_script", 42),
+    # at 2 ranks, ZeRO-3 and the launched ranks over 2 hosts, a TPU slice's per-rank topology, a host unreachable
+    # or without torch_xla, a TPU hostfile out of order (the interface area runs in test_harness_candidates, three
+    # times over)
+    "smoke": ("smoke", "not test_interface and not test_collective and not test_user_script", 44),
     # stages 0-3, accumulation + activation checkpointing, ZeRO-3 without contiguous gradients
     "zero-2ranks-fp32": ("zero", "2rank and fp32", 6),
     "scripts-1rank-zero3": ("scripts", "1rank and zero3", 7),

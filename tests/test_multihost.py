@@ -1,6 +1,7 @@
 """The multi-host test bed (harness/multihost.py) and the runner parent's probe of every host
-(deepspeed_xla/multinode.py), on real network namespaces, sshd and pdsh: hosts that look like hosts, that
-see only their own processes, and that leave nothing behind, also when their owner dies."""
+(deepspeed_xla/multinode.py), on real network namespaces, sshd and pdsh: hosts that look like hosts (and, on
+request, like a TPU slice's workers), that see only their own processes, and that leave nothing behind, also
+when their owner dies."""
 
 import importlib.util
 import os
@@ -100,6 +101,24 @@ def test_hidden_paths_are_empty_on_their_host_only(tmp_path):
     with multihost.HostBed(2, tmp_path / "bed", hide={1: [package]}) as bed:
         listed = {host.name: _on(bed, 0, f"ssh {host.name} 'ls {package}'").stdout.split() for host in bed.hosts}
     assert listed == {"host0": ["__init__.py"], "host1": []}, listed
+
+
+def test_tpu_hosts_are_the_workers_of_one_slice(tmp_path):
+    # what every process on a host reads without starting a runtime: chips on its PCI bus, its metadata
+    detect = ("from xla_host import tpu_topology as t; topology = t.detect_topology(); "
+              "print(t.count_tpu_chips(), topology.accelerator_type, topology.worker_id, *topology.worker_ips)")
+    repo = Path(__file__).resolve().parents[1]
+    with multihost.HostBed(2, tmp_path, tpu=True) as bed:
+        seen = [subprocess.run(bed.on_host(i, [sys.executable, "-c", detect], repo), capture_output=True, text=True,
+                               timeout=60) for i in range(2)]
+        addresses = [host.address for host in bed.hosts]
+        servers = [host.metadata_server.pid for host in bed.hosts]
+        left = bed.processes()
+    for worker, out in enumerate(seen):
+        assert out.stdout.split() == ["4", "v4-16", str(worker), *addresses], (
+            f"host{worker} sees {out.stdout!r} {out.stderr[-1500:]}")
+    assert not any(left.values()), f"the metadata servers count as processes left on the hosts: {left}"
+    assert not any(multihost._alive(pid) for pid in servers), "a metadata server outlived its bed"
 
 
 PROBE_HOSTS = textwrap.dedent("""
