@@ -6,7 +6,8 @@ environment lacks torch_xla, shows as the other hosts' ranks waiting for their p
 times out (`DEEPSPEED_TIMEOUT`, 30 minutes by default), with pdsh's line about that host among theirs. So, in
 the runner parent (`check_hosts`, from launch.py), each host of the run gets one ssh session, all at once. It
 goes where DeepSpeed's launcher will (the same working directory, this interpreter by path, as the runner starts
-every host's launcher) and finds DeepSpeed, torch_xla and this package there without importing them. A host that
+every host's launcher), finds DeepSpeed, torch_xla and this package there without importing them, finds the
+training script, and resolves the master address. A host that
 fails stops the run before anything starts: one line naming each such host, what failed and what to do.
 
 On a TPU slice the hostfile must list the slice's hosts in worker-id order: ranks follow the hostfile
@@ -21,6 +22,7 @@ other than pdsh (MPI and Slurm start ranks their own way); `--ssh_port` is used.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import socket
@@ -31,9 +33,20 @@ import time
 MODULES = ("deepspeed", "torch_xla", "deepspeed_xla")
 ANSWER_S = 60  # for every host together: ssh's connection and the probe (no import: well under a second)
 CONNECT_TIMEOUT_S = 20
-# A directory without the package's files (a half-removed install) imports as an empty namespace package: missing.
-_PROBE = ("import importlib.util as u; "
-          f"print('missing:', *[m for m in {MODULES!r} if getattr(u.find_spec(m), 'origin', None) is None])")
+# Run on each host with the training script and the master address: prints one JSON line. A directory without a
+# package's files (a half-removed install) imports as an empty namespace package: missing.
+_PROBE = f"""
+import importlib.util, json, os, socket, sys
+script, master = sys.argv[1:3]
+try:
+    socket.getaddrinfo(master, None)
+    resolved = True
+except OSError:
+    resolved = False
+print("probe:", json.dumps({{
+    "missing": [m for m in {MODULES!r} if getattr(importlib.util.find_spec(m), "origin", None) is None],
+    "script": not script or os.path.isfile(script), "master": resolved}}))
+"""
 _NO_DIRECTORY, _NO_PYTHON = 96, 97  # the probe's exit statuses for those
 
 
@@ -55,14 +68,15 @@ def active_hosts(args):
     return hosts[:args.num_nodes] if args.num_nodes > 0 else hosts
 
 
-def _remote_command(cwd, python):
+def _remote_command(cwd, python, script, master):
     exports = "".join(f"export {name}={shlex.quote(os.environ[name])}; " for name in ("PYTHONPATH", "PYTHONHOME")
                       if name in os.environ)
     return (f"{exports}cd {shlex.quote(cwd)} 2>/dev/null || exit {_NO_DIRECTORY}; "
-            f"test -x {shlex.quote(python)} || exit {_NO_PYTHON}; exec {shlex.quote(python)} -c {shlex.quote(_PROBE)}")
+            f"test -x {shlex.quote(python)} || exit {_NO_PYTHON}; "
+            f"exec {shlex.quote(python)} -c {shlex.quote(_PROBE)} {shlex.quote(script)} {shlex.quote(master)}")
 
 
-def _verdict(host, returncode, out, err, cwd, python):
+def _verdict(host, returncode, out, err, cwd, python, script, master):
     """What is wrong with `host` from its probe's outcome, or None."""
     if returncode is None:
         return f"{host}: no answer over ssh within {ANSWER_S}s"
@@ -70,14 +84,21 @@ def _verdict(host, returncode, out, err, cwd, python):
         return f"{host}: no directory {cwd} (the training code must be at the same path on every host)"
     if returncode == _NO_PYTHON:
         return f"{host}: no Python at {python} (every host needs the same environment at the same path)"
-    if returncode == 255 or not out.startswith("missing:"):
+    answer = next((line.split(" ", 1)[1] for line in out.splitlines() if line.startswith("probe: ")), None)
+    if returncode == 255 or answer is None:
         said = (err.strip().splitlines() or [f"ssh exited {returncode}"])[-1]
         return f"{host}: not reachable over ssh ({said}), `ssh {host} hostname` must work from this host without a prompt"
-    missing = out.split()[1:]
-    if missing:
-        return (f"{host}: {python} cannot import {', '.join(missing)} (install the same environment on every host: "
-                "pip install 'deepspeed-xla[tpu]')")
-    return None
+    found = json.loads(answer)
+    problems = []
+    if found["missing"]:
+        problems.append(f"{python} cannot import {', '.join(found['missing'])} (install the same environment on "
+                        "every host: pip install 'deepspeed-xla[tpu]')")
+    if not found["script"]:
+        problems.append(f"no {script} in {cwd} (the training code must be at the same path on every host)")
+    if not found["master"]:
+        problems.append(f"cannot resolve the master address {master} (--master_addr: host 0's address or a name "
+                        "every host resolves)")
+    return f"{host}: {', and '.join(problems)}" if problems else None
 
 
 def check_hosts(args, cwd=None, python=None):
@@ -90,9 +111,12 @@ def check_hosts(args, cwd=None, python=None):
     if not hosts:
         return
     cwd, python = cwd or os.path.abspath("."), python or sys.executable
+    # the script a rank runs (none to look for with --no_python or --module), and where every rank meets
+    script = "" if args.no_python or args.module else args.user_script
+    master = args.master_addr or hosts[0]
     ssh = ["ssh", "-o", "BatchMode=yes", "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
            *(["-p", str(args.ssh_port)] if args.ssh_port is not None else [])]
-    probes = {host: subprocess.Popen([*ssh, host, _remote_command(cwd, python)], stdin=subprocess.DEVNULL,
+    probes = {host: subprocess.Popen([*ssh, host, _remote_command(cwd, python, script, master)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
               for host in hosts}
     deadline = time.monotonic() + ANSWER_S
@@ -105,7 +129,7 @@ def check_hosts(args, cwd=None, python=None):
             probe.kill()
             probe.communicate()
             out, err, returncode = "", "", None
-        problem = _verdict(host, returncode, out.strip(), err, cwd, python)
+        problem = _verdict(host, returncode, out.strip(), err, cwd, python, script, master)
         if problem:
             problems.append(problem)
     if problems:

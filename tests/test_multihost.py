@@ -145,23 +145,28 @@ def _check_hosts(bed, workdir, hostfile_lines, *options):
 def test_runner_parent_names_every_host_that_cannot_start_ranks(tmp_path):
     workdir = tmp_path / "code" / "train"  # on host2 "code" is empty: the training code is not there
     workdir.mkdir(parents=True)
+    (workdir / "train.py").write_text("")
     torch_xla = Path(importlib.util.find_spec("torch_xla").origin).parent
-    with multihost.HostBed(3, tmp_path / "bed", hide={1: [torch_xla], 2: [workdir.parent]}) as bed:
+    # host3 has the directory, but not the script in it (a stale or partial copy)
+    with multihost.HostBed(4, tmp_path / "bed", hide={1: [torch_xla], 2: [workdir.parent], 3: [workdir]}) as bed:
         unreachable = str(multihost.SUBNET[9])
-        hosts = ["host0 slots=2", "host1 slots=2", "host2 slots=2", f"{unreachable} slots=2"]
+        hosts = ["host0 slots=2", "host1 slots=2", "host2 slots=2", "host3 slots=2", f"{unreachable} slots=2"]
         started = time.monotonic()
         verdict = _check_hosts(bed, workdir, hosts)
         seconds = time.monotonic() - started
         fine = _check_hosts(bed, workdir, hosts[:1])
+        typo = _check_hosts(bed, workdir, hosts[:1], "--master_addr", "hots0")
         skipped = {option: _check_hosts(bed, workdir, hosts, *option.split())
                    for option in ("--no_ssh_check", "--launcher openmpi", "--exclude host1")}
-    assert verdict.startswith(f"deepspeed: 3 of 4 hosts in {workdir / 'hostfile'} cannot start ranks"), verdict
+    assert verdict.startswith(f"deepspeed: 4 of 5 hosts in {workdir / 'hostfile'} cannot start ranks"), verdict
     problems = verdict.split("nothing was started: ", 1)[1].split("; ")
-    assert [problem.split(":", 1)[0] for problem in problems] == ["host1", "host2", unreachable], verdict
+    assert [problem.split(":", 1)[0] for problem in problems] == ["host1", "host2", "host3", unreachable], verdict
     assert "cannot import torch_xla" in problems[0], problems[0]
     assert f"no directory {workdir}" in problems[1], problems[1]
-    assert "not reachable over ssh" in problems[2] and "No route to host" in problems[2], problems[2]
+    assert f"no train.py in {workdir}" in problems[2], problems[2]
+    assert "not reachable over ssh" in problems[3] and "No route to host" in problems[3], problems[3]
     assert seconds < 60, f"the hosts were probed one after another ({seconds:.0f} s)"
     assert fine == "ok", f"a reachable host with the environment was refused: {fine}"
+    assert "host0: cannot resolve the master address hots0" in typo, typo
     assert skipped["--no_ssh_check"] == "ok" and skipped["--launcher openmpi"] == "ok", skipped
-    assert "host1" not in skipped["--exclude host1"] and "3 of 4" not in skipped["--exclude host1"], skipped
+    assert "host1" not in skipped["--exclude host1"] and "4 of 5" not in skipped["--exclude host1"], skipped
