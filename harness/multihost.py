@@ -49,25 +49,7 @@ SETTLE_S = 10.0  # how long a host may take to end a finished session's processe
 METADATA_ADDRESS = "169.254.169.254"  # GCE's, on each host's own loopback: reachable from that host only
 TPU_CHIPS_PER_HOST_BOUNDS = (2, 2, 1)  # a TPU v4 host: 4 chips
 _GOOGLE_PCI_VENDOR, _TPU_V4_PCI_DEVICE = "0x1ae0", "0x005e"
-# One host's metadata server: serves the files of a directory to requests that carry GCE's header, as GCE's does.
-_METADATA_SERVER = """
-import http.server, pathlib, sys
-root = pathlib.Path(sys.argv[1])
-class Metadata(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):
-        path = root / self.path.rsplit("/", 1)[-1]
-        if self.headers.get("Metadata-Flavor") != "Google" or not path.is_file():
-            self.send_error(403 if path.is_file() else 404)
-            return
-        body = path.read_bytes()
-        self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-    def log_message(self, *args):
-        pass
-http.server.ThreadingHTTPServer((sys.argv[2], 80), Metadata).serve_forever()
-"""
+METADATA_SERVER = Path(__file__).with_name("metadata_server.py")
 APT_LOCK = Path(tempfile.gettempdir()) / f"{PREFIX}-apt.lock"
 
 
@@ -305,8 +287,8 @@ class HostBed:
         log = self.dir / f"metadata.{host.name}.log"
         with open(log, "w") as out:
             server = subprocess.Popen(
-                self.on_host(index, [sys.executable, "-I", "-c", _METADATA_SERVER,
-                                     self.dir / "tpu" / host.name / "metadata", METADATA_ADDRESS], "/"),
+                self.on_host(index, [sys.executable, "-I", METADATA_SERVER,
+                                     self.dir / "tpu" / host.name / "metadata", METADATA_ADDRESS, 80], "/"),
                 stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + SSHD_START_S
         while time.monotonic() < deadline:  # listening once a connection to it is refused no more

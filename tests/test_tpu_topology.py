@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from deepspeed_xla.backend.pjrt_env import worker_env
+from harness import metadata_server
 from xla_host import tpu_topology
 from xla_host.tpu_topology import TpuTopology, count_tpu_chips, detect_topology
 
@@ -264,22 +265,7 @@ def test_detect_topology_over_http(tmp_path, monkeypatch):
     s = SLICES["v4-16"]
     metadata = s.metadata(1)
 
-    class MetadataServer(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            key = self.path.rsplit("/", 1)[-1]
-            if self.headers.get("Metadata-Flavor") != "Google" or key not in metadata:
-                self.send_error(403 if key in metadata else 404)
-                return
-            body = metadata[key].encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), MetadataServer)
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), metadata_server.Handler(metadata))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setattr(tpu_topology, "_METADATA_URL",
