@@ -31,13 +31,9 @@ FAILURE_DEADLINE_S = 180  # a failed run ends in well under a minute; a run that
 ENV_FILE_VARIABLE = "MULTIHOST_FROM_ENV_FILE"  # a name no runner forwards by prefix: only .deepspeed_env brings it
 
 
-def _left(bed):
-    return {host: listed for host, listed in bed.settled_processes().items() if listed}
-
-
 def _failure_run(bed, hostfile, args, candidate, workdir, env=None):
     run = launch_on_hosts(bed, hostfile, args, candidate, workdir, env=env, timeout=FAILURE_DEADLINE_S)
-    return run, _left(bed)
+    return run, bed.left_behind()
 
 
 def test_launched_ranks_follow_the_hostfile(accel, candidate, evidence, tmp_path):
@@ -47,7 +43,7 @@ def test_launched_ranks_follow_the_hostfile(accel, candidate, evidence, tmp_path
         out = tmp_path / "ranks"
         run = launch_on_hosts(bed, hostfile, [FIXTURES / "probe_env.py", "--out", out, "--vars",
                                               f"DS_ACCELERATOR,{ENV_FILE_VARIABLE}"], candidate, tmp_path, timeout=300)
-        left = _left(bed)
+        left = bed.left_behind()
     assert run.returncode == 0, f"`deepspeed --hostfile` over 2 hosts exited {run.returncode}:\n{logs.tail(run.log)}"
     world = 2 * SLOTS
     ranks = {rank: json.loads((out / f"rank{rank}.json").read_text()) for rank in range(world)}
@@ -98,7 +94,7 @@ def _tpu_launch(bed, order, candidate, workdir):
     # device, and a launcher process that started the runtime would fail the run.
     run = launch_on_hosts(bed, hostfile, [FIXTURES / "probe_tpu_env.py", "--out", out], candidate, workdir,
                           env={"PJRT_DEVICE": "TPU"}, timeout=FAILURE_DEADLINE_S)
-    return run, out, _left(bed)
+    return run, out, bed.left_behind()
 
 
 def test_tpu_slice_ranks_get_the_topology_pytorch_xla_spawn_would(candidate, evidence, tmp_path):
@@ -217,7 +213,7 @@ def test_interrupted_run_leaves_no_process_on_any_host(candidate, evidence, tmp_
             if runner.poll() is None:
                 os.killpg(runner.pid, signal.SIGKILL)
                 runner.wait()
-        left = _left(bed)
+        left = bed.left_behind()
     evidence.update(running_before=running, returncode=returncode, left_behind=left)
     assert all(running.values()), f"the run was interrupted before every host ran its ranks: {running}"
     assert not left, f"after a Ctrl-C to the runner on host 0 processes were left on hosts: {left}"

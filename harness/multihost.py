@@ -47,7 +47,8 @@ SUBNET = ipaddress.ip_network("10.213.0.0/24")  # inside the bed's namespaces on
 SSHD_START_S = 20
 SETTLE_S = 10.0  # how long a host may take to end a finished session's processes
 METADATA_ADDRESS = "169.254.169.254"  # GCE's, on each host's own loopback: reachable from that host only
-TPU_CHIPS_PER_HOST_BOUNDS = (2, 2, 1)  # a TPU v4 host: 4 chips
+TPU_CHIPS_PER_HOST_BOUNDS = (2, 2, 1)  # a TPU v4 host
+TPU_CHIPS_PER_HOST = TPU_CHIPS_PER_HOST_BOUNDS[0] * TPU_CHIPS_PER_HOST_BOUNDS[1] * TPU_CHIPS_PER_HOST_BOUNDS[2]
 _GOOGLE_PCI_VENDOR, _TPU_V4_PCI_DEVICE = "0x1ae0", "0x005e"
 METADATA_SERVER = Path(__file__).with_name("metadata_server.py")
 APT_LOCK = Path(tempfile.gettempdir()) / f"{PREFIX}-apt.lock"
@@ -192,8 +193,7 @@ class HostBed:
         self._hide = {int(index): [Path(p) for p in paths] for index, paths in (hide or {}).items()}
         self.hosts = [Host(f"host{i}", str(SUBNET[i + 1]), f"{self._prefix}-h{i}") for i in range(count)]
         self.tpu = tpu
-        chips = TPU_CHIPS_PER_HOST_BOUNDS[0] * TPU_CHIPS_PER_HOST_BOUNDS[1] * TPU_CHIPS_PER_HOST_BOUNDS[2]
-        self.accelerator_type = f"v4-{2 * chips * count}" if tpu else None  # v4 names count TensorCores
+        self.accelerator_type = f"v4-{2 * TPU_CHIPS_PER_HOST * count}" if tpu else None  # v4 names count TensorCores
 
     def __enter__(self):
         try:
@@ -260,12 +260,11 @@ class HostBed:
         """Per host: a PCI sysfs tree with its TPU chips, and the files its metadata server answers."""
         host_bounds = (1, 1, len(self.hosts))
         endpoints = ",".join(f"t1v-n-bed-w-{i}:{1000 + i}:{host.address}" for i, host in enumerate(self.hosts))
-        chips = TPU_CHIPS_PER_HOST_BOUNDS[0] * TPU_CHIPS_PER_HOST_BOUNDS[1] * TPU_CHIPS_PER_HOST_BOUNDS[2]
         for index, host in enumerate(self.hosts):
             root = self.dir / "tpu" / host.name
             bus = root / "pci" / "devices"
             bus.mkdir(parents=True, exist_ok=True)
-            for slot in range(chips):
+            for slot in range(TPU_CHIPS_PER_HOST):
                 address = f"0000:00:{slot + 4:02x}.0"
                 device = root / "pci-devices" / address
                 device.mkdir(parents=True, exist_ok=True)
@@ -421,11 +420,11 @@ class HostBed:
                 return found
             time.sleep(0.2)
 
-    def kill_processes(self):
-        """Kill every process on every host but the sshds; how many there were."""
-        pids = [pid for listed in self.processes().values() for pid, _ in listed]
-        _kill(pids)
-        return len(pids)
+    def left_behind(self, wait_s=SETTLE_S):
+        """The hosts that still run processes once the bed has settled (`settled_processes`), with the command
+        lines of those processes ({host name: [command line]}); empty when a run left nothing."""
+        return {host: [cmdline for _, cmdline in listed] for host, listed in self.settled_processes(wait_s).items()
+                if listed}
 
     # -- stop ----------------------------------------------------------------------------------------------
 

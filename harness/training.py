@@ -61,6 +61,9 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
             str(losses_file), *map(str, extra_args)]
     port = free_port()
+    if hosts > 1 and (launcher != "deepspeed" or world_size % hosts):
+        raise ValueError(f"{world_size} ranks over {hosts} hosts: several hosts need launcher='deepspeed' and "
+                         "the same number of ranks on each")
     if launcher == "python":
         if world_size != 1:
             raise ValueError("launcher='python' starts a single rank; use launcher='deepspeed' for more")
@@ -73,16 +76,12 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
     if hosts == 1:
         run = run_in_session(cmd, env, workdir, workdir / f"train-{label}.log", timeout, port=port)
         left_behind = {}
-    else:
-        if launcher != "deepspeed" or world_size % hosts:
-            raise ValueError(f"{world_size} ranks over {hosts} hosts: several hosts need launcher='deepspeed' and "
-                             "the same number of ranks on each")
+    else:  # the same launcher command, from host 0 of a bed, with a hostfile for its resources
         with multihost.HostBed(hosts, workdir / f"hosts-{label}") as bed:
             hostfile = bed.hostfile(workdir / f"hostfile-{label}", world_size // hosts)
             cmd = hostfile_command(bed, hostfile, args, port, workdir)
             run = run_in_session(cmd, bed.client_env(env), workdir, workdir / f"train-{label}.log", timeout, port=port)
-            left_behind = {host: [cmdline for _, cmdline in listed] for host, listed in bed.settled_processes().items()
-                           if listed}
+            left_behind = bed.left_behind()
     if run.returncode != 0 or not losses_file.exists():
         who = "the CPU reference" if candidate is None else f"candidate {candidate.text}"
         ending = (f"trained to the end (its losses written) but did not exit within {timeout}s: a process of it hung at "
