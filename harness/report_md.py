@@ -114,17 +114,23 @@ def _upstream_section(report):
         return []
     env = report["environment"]
     lines = ["", f"DeepSpeed's own unit tests (`{up['selection']}`"
+             + (f", subset `{up['subset']}`" if up.get("subset", "all") != "all" else "")
              + (f", `-k {up['keyword']}`" if up["keyword"] else "")
              + f") from a DeepSpeed checkout at `{env.get('deepspeed_src_revision')}` (version.txt "
              f"{env.get('deepspeed_src_version')}), run against the installed DeepSpeed {env.get('deepspeed')}: "
              "each test on the baseline (DeepSpeed's CPU accelerator) and on the candidate.",
              "", "| verdict | tests |", "|---|---|"]
     lines += [f"| {verdict} | {count} |" for verdict, count in up["verdicts"].items() if count]
-    lines += ["", "| file | tests | baseline pass/fail/skip | candidate pass/fail/skip | verdicts |", "|---|---|---|---|---|"]
-    for path, row in up["files"].items():
+    lines += ["", "| file | collected | passed on CPU | passed on the candidate | expected | fp16 | regressions | "
+              "baseline pass/fail/skip | candidate pass/fail/skip | verdicts |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for path, row in [*up["files"].items(), ("total", up["total"])]:
         sides = ["/".join(str(row[side].get(o, 0)) for o in ("pass", "fail", "skip")) for side in ("baseline", "candidate")]
         verdicts = ", ".join(f"{count} {verdict}" for verdict, count in row["verdicts"].items())
-        lines.append(f"| `{path}` | {row['tests']} | {sides[0]} | {sides[1]} | {verdicts} |")
+        name = "**total**" if path == "total" else f"`{path}`"
+        lines.append(f"| {name} | {row['tests']} | {row['baseline_passed']} | {row['candidate_passed']} | "
+                     f"{row['expected']} | {row['fp16']} | {row['regressions']} | {sides[0]} | {sides[1]} | {verdicts} |")
+    lines += ["", "Expected: known differences of the candidate, listed with their reasons and links under Expected failures; "
+              "fp16: tests of fp16, which XLA devices do not compute (bf16 is their half precision), counted apart."]
     timing = "; ".join(f"{name} {side['seconds']:.0f} s in {side['sessions']} session(s)"
                        + (f", {len(side['stopped'])} stopped after {up['stopped_after_s']} s" if side["stopped"] else "")
                        for name, side in up["sides"].items())

@@ -1,8 +1,8 @@
 """`python -m harness upstream`: DeepSpeed's own unit tests, run against a candidate and against
 DeepSpeed's CPU accelerator (the baseline), compared test by test.
 
-    python -m harness upstream --deepspeed-src DIR [--selection FILE] [-k EXPR] [--candidate SPEC]
-                               [--out DIR] [--devices N] [--timeout S] [--workers N]
+    python -m harness upstream --deepspeed-src DIR [--selection FILE] [--subset all|pr] [-k EXPR]
+                               [--candidate SPEC] [--out DIR] [--devices N] [--timeout S] [--workers N]
 
 DIR is a DeepSpeed source checkout (the PyPI sdist has no tests); its tests run against the
 DeepSpeed installed here. Each side is one pytest session in DIR/tests, DeepSpeed's own
@@ -42,6 +42,9 @@ def add_parser(commands):
     up.add_argument("--deepspeed-src", required=True, metavar="DIR", help="a DeepSpeed source checkout (has tests/unit)")
     up.add_argument("--selection", metavar="FILE",
                     help="selection TOML (default fixtures/upstream/deepspeed-<installed version>.toml)")
+    up.add_argument("--subset", choices=upstream_selection.SUBSETS, default="all",
+                    help="all: the whole selection (nightly; default); pr: its entries marked pr = true, the "
+                    "stable and quick ones a pull request's job runs")
     up.add_argument("-k", dest="keyword", default="", help="only tests matching this pytest -k expression")
     up.add_argument("--candidate", default=candidates.DEFAULT_SPEC,
                     help="deepspeed_xla (default), in-tree[:NAME], module:Class or path/to/file.py:Class")
@@ -66,7 +69,8 @@ def _plan(args):
     deepspeed_version = environment.installed_version("deepspeed")
     try:
         spec = candidates.parse_spec(args.candidate)
-        selection = upstream_selection.load(args.selection or upstream_selection.default_path(deepspeed_version))
+        selection = upstream_selection.load(
+            args.selection or upstream_selection.default_path(deepspeed_version)).only(args.subset)
     except (candidates.SpecError, upstream_selection.SelectionError) as err:
         raise UpstreamUsageError(str(err)) from None
     if args.devices < 1 or args.timeout <= 0 or args.workers < 0:
@@ -110,7 +114,8 @@ def run(args):
                    *(["-n", str(args.workers)] if args.workers else [])]
     missing = selection.missing_files(tests_dir)
     targets = [t for entry in selection.entries if entry.path not in missing for t in entry.targets]
-    _say(f"upstream: {len(targets)} target(s) from {selection.path.name} in {tests_dir}, "
+    _say(f"upstream: {len(targets)} target(s) from {selection.path.name}"
+         + (f" (subset {selection.subset})" if selection.subset != "all" else "") + f" in {tests_dir}, "
          f"candidate {spec.text} vs DeepSpeed's CPU accelerator -> {out}")
     sides, interrupted = {}, False
     for side in SIDES:
@@ -165,9 +170,11 @@ def _report(*, run_id, out, src, spec, selection, missing, sides, args, env, com
     judged = baseline.results if complete else {k: v for k, v in baseline.results.items() if k in candidate.results}
     results = _without_checkout_path(upstream_verdicts.judge_all(judged, candidate.results), src)
     unmatched = expectations.apply(results, list(selection.known))
-    # Entries left out by -k, or not reached by an interrupted run, are not stale.
+    files = upstream_verdicts.per_file(results, selection.fp16_known)
+    # Entries left out by -k, or not reached by an interrupted run, are not stale; known differences of entries a
+    # subset leaves out match nothing.
     whole = complete and not args.keyword
-    if not whole:
+    if not (whole and selection.subset == "all"):
         unmatched = []
     stale = missing + ([entry.label for entry in selection.stale_entries([*baseline.results, *candidate.results])
                         if entry.path not in missing] if whole else [])
@@ -181,7 +188,9 @@ def _report(*, run_id, out, src, spec, selection, missing, sides, args, env, com
         "keyword": args.keyword,
         "verdicts": {verdict: sum(1 for r in results if r["evidence"]["verdict"] == verdict)
                      for verdict in upstream_verdicts.VERDICTS},
-        "files": upstream_verdicts.per_file(results),
+        "subset": selection.subset,
+        "files": files,
+        "total": upstream_verdicts.total(files),
         "stale_selection": stale,
         "sides": {name: {"seconds": round(side.seconds, 1), "sessions": side.sessions, "stopped": side.stopped,
                          "counts": upstream_verdicts.side_counts(side.results)}

@@ -9,17 +9,20 @@ release line it was chosen for:
     path = "unit/comm/test_dist.py"        # relative to the checkout's tests/ (DeepSpeed's rootdir)
     ids = ["TestInit", "TestDistAllReduce"] # optional: only these node ids under path (path::id)
     why = "what the file exercises"         # optional
+    pr = true                               # optional: also in the pull-request subset (`--subset pr`)
 
     [[known]]                               # a difference of the candidate from the baseline
     id = "unit/comm/test_dist.py::TestDistInit::*"   # `*` matches anything
     reason = "why"
     link = "https://github.com/... (issue tracking it)"
+    fp16 = true                             # optional: a test of fp16, which XLA devices do not compute
 
 Known entries are expectations (expectations.py): a regression they match is reported as an
 expected failure, a matched test that passes is reported as such, and an entry matching no
 test is reported. A `tests` entry whose targets collect no test on either side is reported too.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,17 +32,21 @@ from .expectations import Expectation
 from .paths import UPSTREAM_SELECTIONS
 
 
+SUBSETS = ("all", "pr")
+
+
 class SelectionError(ValueError):
     """A malformed or missing selection file (bad usage)."""
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One [[tests]] entry: a test file `path` relative to DeepSpeed's tests/, optionally only the node `ids` under it, and
-    `why` it is selected."""
+    """One [[tests]] entry: a test file `path` relative to DeepSpeed's tests/, optionally only the node `ids` under it,
+    `why` it is selected, and whether the pull-request subset runs it (`pr`)."""
     path: str
     ids: tuple = ()
     why: str = ""
+    pr: bool = False
 
     @property
     def targets(self):
@@ -59,17 +66,30 @@ class Entry:
 
 @dataclass(frozen=True)
 class Selection:
-    """A loaded selection file: its `path`, the DeepSpeed version it was chosen for, its [[tests]] `entries` and its [[known]]
-    differences as Expectations."""
+    """A loaded selection file: its `path`, the DeepSpeed version it was chosen for, its [[tests]] `entries`, its [[known]]
+    differences as Expectations, and those of them marked fp16 (`fp16_known`)."""
     path: Path
     deepspeed: str
     entries: tuple
     known: tuple
+    fp16_known: tuple = ()
+    subset: str = "all"
 
     @property
     def targets(self):
         """The pytest arguments of every entry, in file order (relative to DeepSpeed's tests/ directory)."""
         return [target for entry in self.entries for target in entry.targets]
+
+    def only(self, subset):
+        """This selection with the entries of `subset` (SUBSETS: "all", or "pr", the entries marked pr)."""
+        if subset not in SUBSETS:
+            raise SelectionError(f"subset {subset!r}: use one of {', '.join(SUBSETS)}")
+        if subset == "all":
+            return self
+        entries = tuple(entry for entry in self.entries if entry.pr)
+        if not entries:
+            raise SelectionError(f"{self.path}: no [[tests]] entry has pr = true (the pull-request subset is empty)")
+        return dataclasses.replace(self, entries=entries, subset=subset)
 
     def stale_entries(self, nodeids):
         """Entries none of whose targets produced a test in `nodeids` (renamed or removed upstream)."""
@@ -88,6 +108,13 @@ def default_path(deepspeed_version):
 def available():
     """Sorted file names of the selections stored in fixtures/upstream/ (deepspeed-*.toml)."""
     return sorted(path.name for path in UPSTREAM_SELECTIONS.glob("deepspeed-*.toml"))
+
+
+def _flag(entry, key, where):
+    value = entry.get(key, False)
+    if not isinstance(value, bool):
+        raise SelectionError(f"{where}: {key} must be true or false")
+    return value
 
 
 def _strings(value, where):
@@ -112,13 +139,16 @@ def load(path):
             raise SelectionError(f"{where} lacks path")
         if Path(entry["path"]).is_absolute() or ".." in Path(entry["path"]).parts:
             raise SelectionError(f"{where}: path must be relative to DeepSpeed's tests/ directory")
-        entries.append(Entry(entry["path"], _strings(entry.get("ids", []), where), entry.get("why", "")))
+        entries.append(Entry(entry["path"], _strings(entry.get("ids", []), where), entry.get("why", ""),
+                             _flag(entry, "pr", where)))
     if not entries:
         raise SelectionError(f"{path}: selects no tests (add [[tests]] entries with a path)")
-    known = []
+    known, fp16 = [], []
     for number, entry in enumerate(data.get("known", []), 1):
         missing = [key for key in ("id", "reason", "link") if not str(entry.get(key, "")).strip()]
         if missing:
             raise SelectionError(f"{path}: known #{number} lacks {', '.join(missing)} (id, reason and link are required)")
         known.append(Expectation(entry["id"], entry["reason"], entry["link"]))
-    return Selection(path, str(data.get("deepspeed", "")), tuple(entries), tuple(known))
+        if _flag(entry, "fp16", f"{path}: known #{number}"):
+            fp16.append(known[-1])
+    return Selection(path, str(data.get("deepspeed", "")), tuple(entries), tuple(known), tuple(fp16))

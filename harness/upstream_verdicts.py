@@ -92,16 +92,45 @@ def file_of(nodeid):
     return nodeid.split("::", 1)[0]
 
 
-def per_file(results):
-    """{test file: {"tests", baseline/candidate outcome counts, verdict counts}} in file order."""
+def per_file(results, fp16_known=()):
+    """{test file: row} in file order. A row has "tests" (collected on either side),
+    the baseline's and the candidate's outcome counts, the verdict counts, and the counts a pull request quotes:
+    "baseline_passed", "candidate_passed", "expected" (known differences that failed, fp16 ones apart), "fp16" (those
+    of `fp16_known`, Expectations) and "regressions" (results the run fails on). `results` are judged and have had
+    the selection's known differences applied (expectations.apply)."""
     files = {}
     for result in results:
-        row = files.setdefault(file_of(result["id"]), {"tests": 0, "baseline": Counter(), "candidate": Counter(),
-                                                        "verdicts": Counter()})
-        row["tests"] += 1
-        row["baseline"][_OUTCOME[result["evidence"]["baseline"]]] += 1
-        row["candidate"][_OUTCOME[result["evidence"]["candidate"]]] += 1
-        row["verdicts"][result["evidence"]["verdict"]] += 1
-    return {path: {"tests": row["tests"], "baseline": dict(row["baseline"]), "candidate": dict(row["candidate"]),
-                   "verdicts": dict(row["verdicts"])} for path, row in files.items()}
+        row = files.setdefault(file_of(result["id"]), _empty_row())
+        _count(row, result, any(known.matches(result["id"]) for known in fp16_known))
+    return {path: _plain(row) for path, row in files.items()}
 
+
+def total(files):
+    """per_file's rows summed into one row of the same keys."""
+    summed = _empty_row()
+    for row in files.values():
+        for key, value in row.items():
+            summed[key] = summed[key] + (Counter(value) if isinstance(value, dict) else value)
+    return _plain(summed)
+
+
+_COUNTS = ("tests", "baseline_passed", "candidate_passed", "expected", "fp16", "regressions")
+
+
+def _empty_row():
+    return {**dict.fromkeys(_COUNTS, 0), "baseline": Counter(), "candidate": Counter(), "verdicts": Counter()}
+
+
+def _count(row, result, fp16):
+    evidence = result["evidence"]
+    row["tests"] += 1
+    for side in ("baseline", "candidate"):
+        row[side][_OUTCOME[evidence[side]]] += 1
+        row[f"{side}_passed"] += _OUTCOME[evidence[side]] == "pass"
+    row["verdicts"][evidence["verdict"]] += 1
+    row["fp16" if fp16 else "expected"] += result["status"] == "xfailed"
+    row["regressions"] += result["status"] == "failed"
+
+
+def _plain(row):
+    return {key: dict(value) if isinstance(value, Counter) else value for key, value in row.items()}

@@ -12,7 +12,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness import upstream_run, upstream_selection, upstream_verdicts
+from harness import expectations, upstream_run, upstream_selection, upstream_verdicts
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "upstream_tree"
@@ -78,12 +78,15 @@ def test_broken_candidate_regresses_where_it_breaks_and_nowhere_else(tmp_path, t
     assert [e["id"] for e in report["expectations"]["unmatched"]] == ["unit/comm/test_gone.py::*"]
     assert report["expectations"]["xpassed"] == [f"{BASICS}::TestNeedsDevice::test_not_on_cpu"]
     assert report["upstream"]["files"][BASICS] == {
-        "tests": 6, "baseline": {"pass": 4, "skip": 1, "fail": 1}, "candidate": {"pass": 4, "fail": 2},
+        "tests": 6, "baseline_passed": 4, "candidate_passed": 4, "expected": 0, "fp16": 0, "regressions": 1,
+        "baseline": {"pass": 4, "skip": 1, "fail": 1}, "candidate": {"pass": 4, "fail": 2},
         "verdicts": {"both-pass": 3, "regression": 1, "candidate-only-pass": 1, "both-fail": 1}}
+    assert report["upstream"]["total"] == report["upstream"]["files"][BASICS]
     assert report["environment"]["deepspeed_src_version"] is None and report["suite"] == "upstream"
     # report.md: the per-file row, no path of this machine, and junit with the area
     markdown = (out / "report.md").read_text()
-    assert f"| `{BASICS}` | 6 | 4/1/1 | 4/2/0 |" in markdown and str(tree) not in markdown
+    assert f"| `{BASICS}` | 6 | 4 | 4 | 0 | 0 | 1 | 4/1/1 | 4/2/0 |" in markdown and str(tree) not in markdown
+    assert "| **total** | 6 | 4 | 4 | 0 | 0 | 1 | 4/1/1 | 4/2/0 |" in markdown
     assert 'testsuite name="upstream"' in (out / "junit.xml").read_text()
     assert processes_under(tree) == []
 
@@ -141,6 +144,8 @@ def test_verdicts(baseline, candidate, verdict, status):
     ("[[tests]]\npath = 'unit/t.py'\nids = 'TestX'\n", "ids must be a list"),
     ("[[tests]]\npath = 'unit/t.py'\n[[known]]\nid = 'unit/t.py::*'\nreason = 'r'\n", "known #1 lacks link"),
     ("[[tests]\n", "not valid TOML"),
+    ("[[tests]]\npath = 'unit/t.py'\npr = 'yes'\n", "tests #1: pr must be true or false"),
+    ("[[tests]]\npath = 'unit/t.py'\n[[known]]\nid = 'x'\nreason = 'r'\nlink = 'l'\nfp16 = 1\n", "known #1: fp16 must be"),
 ])
 def test_selection_errors_are_one_line(tmp_path, text, reason):
     path = tmp_path / "selection.toml"
@@ -155,6 +160,39 @@ def test_selection_entries_match_node_ids():
     assert entry.targets == ["unit/a.py::TestX", "unit/a.py::test_y"]
     assert entry.covers("unit/a.py::TestX::test[1]") and entry.covers("unit/a.py::test_y[p]")
     assert not entry.covers("unit/a.py::TestXL::test") and not entry.covers("unit/b.py::TestX::test")
+
+
+def test_the_pull_request_subset_is_the_entries_marked_pr(tmp_path):
+    path = tmp_path / "selection.toml"
+    path.write_text("[[tests]]\npath = 'unit/a.py'\npr = true\n[[tests]]\npath = 'unit/b.py'\n")
+    selection = upstream_selection.load(path)
+    assert selection.only("all") is selection and selection.only("all").targets == ["unit/a.py", "unit/b.py"]
+    assert selection.only("pr").targets == ["unit/a.py"] and selection.only("pr").subset == "pr"
+    path.write_text("[[tests]]\npath = 'unit/b.py'\n")
+    with pytest.raises(upstream_selection.SelectionError, match="no .*pr = true"):
+        upstream_selection.load(path).only("pr")
+
+
+def test_per_file_counts_what_a_pull_request_quotes():
+    fp16 = expectations.Expectation("unit/a.py::TestHalf::*", "fp16 by design", "l")
+    other = expectations.Expectation("unit/b.py::t_known", "an XLA limit", "l")
+    record = lambda status: {"status": status, "message": "", "duration_s": 0.0}
+    results = [upstream_verdicts.judge(nodeid, record(base), record(cand)) for nodeid, base, cand in [
+        ("unit/a.py::TestHalf::t", "passed", "failed"), ("unit/a.py::t_ok", "passed", "passed"),
+        ("unit/a.py::t_new", "skipped", "passed"), ("unit/b.py::t_known", "passed", "error"),
+        ("unit/b.py::t_broken", "passed", "failed"), ("unit/b.py::t_both", "failed", "failed")]]
+    expectations.apply(results, [fp16, other])
+    files = upstream_verdicts.per_file(results, (fp16,))
+    pick = lambda row: {key: row[key] for key in ("tests", "baseline_passed", "candidate_passed", "expected", "fp16",
+                                                  "regressions")}
+    assert pick(files["unit/a.py"]) == {"tests": 3, "baseline_passed": 2, "candidate_passed": 2, "expected": 0,
+                                        "fp16": 1, "regressions": 0}
+    assert pick(files["unit/b.py"]) == {"tests": 3, "baseline_passed": 2, "candidate_passed": 0, "expected": 1,
+                                        "fp16": 0, "regressions": 1}
+    total = upstream_verdicts.total(files)
+    assert pick(total) == {"tests": 6, "baseline_passed": 4, "candidate_passed": 2, "expected": 1, "fp16": 1,
+                           "regressions": 1}
+    assert total["verdicts"] == {"regression": 3, "both-pass": 1, "candidate-only-pass": 1, "both-fail": 1}
 
 
 def test_the_shipped_selection_for_the_pinned_deepspeed_loads():
