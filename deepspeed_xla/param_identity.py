@@ -22,9 +22,15 @@ its weak references (DeepSpeed keeps some), exactly as `.data =` would on CUDA. 
 that do not involve XLA, and processes that opted into either of torch's
 `torch.__future__` conversion flags, are left to PyTorch.
 
+`deepspeed.zero.Init(module=model)` turns a model built on the CPU into ZeRO-3 parameters
+with `param.data = param.data.to(device)`, which PyTorch refuses between a CPU and an XLA
+tensor ("incompatible tensor type"). The same exchange moves each such parameter to the
+device first (`move_keeping_identity`), armed when DeepSpeed's partition_parameters loads.
+
 Limits: a parameter whose tensor is still referenced from elsewhere in C++ (a view of
 it, an autograd graph built on the CPU and not yet run backward) cannot be exchanged
-safely; it keeps PyTorch's behaviour (a new Parameter) and a warning names it.
+safely; it keeps PyTorch's behaviour (a new Parameter, or the refusal above) and a warning
+names it.
 """
 
 import functools
@@ -32,8 +38,11 @@ import warnings
 
 import torch
 
+from xla_host.import_hooks import PostImportHook, arm, wrap_once
+
 from .backend import DEVICE_TYPE
 
+ZERO_INIT_MODULE = "deepspeed.runtime.zero.partition_parameters"
 _original_apply = None
 
 
@@ -52,10 +61,12 @@ def install():
         return result
 
     torch.nn.Module._apply = _apply
+    arm(_ZERO_INIT_HOOK)
 
 
 def uninstall():
-    """Put PyTorch's own `Module._apply` back (for tests and for candidates built without this)."""
+    """Put PyTorch's own `Module._apply` back (for tests and for candidates built without this); zero.Init's
+    conversion keeps its wrapper, which moves only what DeepSpeed would otherwise fail to move."""
     global _original_apply
     if _original_apply is not None:
         torch.nn.Module._apply = _original_apply
@@ -106,3 +117,40 @@ def restore_identity(module, before):
         module._parameters[name] = old
         restored.append(name)
     return restored
+
+
+def move_keeping_identity(param, device):
+    """Move the Parameter `param` to `device` as the same Python object, with its attributes and weak references, as
+    `param.data = param.data.to(device)` does between tensors of one type. Only for a move to or from XLA, and only
+    when nothing else refers to its tensor (a view of it, an autograd graph not run backward); returns whether it
+    moved (otherwise `param` is left as it was)."""
+    moved = torch.nn.Parameter(param.data.to(device), requires_grad=param.requires_grad)
+    if not (_involves_xla(param, moved) and _exchangeable(param) and _exchangeable(moved)):
+        return False
+    torch._C._swap_tensor_impl(param, moved)
+    return True
+
+
+def _converts_on_the_device(convert):
+
+    @functools.wraps(convert)
+    def wrapper(init, param_list):
+        params = list(param_list)
+        device = torch.device(init.local_device)
+        if device.type == DEVICE_TYPE:
+            for param in params:
+                # ds_id: already a ZeRO parameter, which DeepSpeed skips
+                if not hasattr(param, "ds_id") and param.device != device and not move_keeping_identity(param, device):
+                    warnings.warn(f"deepspeed_xla: zero.Init(module=...) cannot move a parameter of shape "
+                                  f"{tuple(param.shape)} to {device} as the same object: another tensor still "
+                                  "refers to it (a view of it, or an autograd graph not run backward).", stacklevel=3)
+        return convert(init, params)
+
+    return wrapper
+
+
+def _wrap_zero_init(module):
+    wrap_once(module.Init, "_convert_to_zero_parameters", _converts_on_the_device)
+
+
+_ZERO_INIT_HOOK = PostImportHook(ZERO_INIT_MODULE, _wrap_zero_init)

@@ -4,6 +4,7 @@ on a real PJRT CPU device: what every list, optimizer and tied weight made befor
 test_without_it_pytorch_replaces_parameters)."""
 
 import gc
+import textwrap
 import warnings
 import weakref
 
@@ -12,6 +13,8 @@ import torch
 import torch_xla
 
 from deepspeed_xla import param_identity
+from harness.launching import single_rank_env
+from test_activation import last_json, run_python
 
 XLA = torch_xla.device()
 
@@ -114,3 +117,32 @@ def test_without_it_pytorch_replaces_parameters():
         model.to(XLA)
     assert model.embed.weight is not weight, "PyTorch now keeps identity itself: param_identity may be obsolete"
     assert model.head.weight is not model.embed.weight
+
+
+def test_zero_init_of_a_model_built_on_the_cpu_keeps_its_parameters():
+    """`deepspeed.zero.Init(module=model)` converts a model built on the CPU; DeepSpeed moves each parameter with
+    `param.data = ...to(device)`, which PyTorch refuses from CPU to XLA. The parameters become ZeRO-3 parameters on
+    the device as the same objects, with their values, attributes and weak references."""
+    code = textwrap.dedent("""
+        import json, weakref, torch, deepspeed
+        from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+        deepspeed.init_distributed()
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 3)
+        params, before = list(model.parameters()), [p.detach().clone() for p in model.parameters()]
+        model.weight.tag = "mine"
+        ref = weakref.ref(model.weight)
+        deepspeed.zero.Init(module=model, config_dict_or_path={"train_micro_batch_size_per_gpu": 1,
+                                                               "zero_optimization": {"stage": 3}})
+        partitioned = [p.ds_status == ZeroParamStatus.NOT_AVAILABLE for p in params]
+        with deepspeed.zero.GatheredParameters(params):
+            values = [torch.equal(p.detach().cpu(), b) for p, b in zip(params, before)]
+            out = model(torch.ones(2, 4, device=params[0].device)).detach().cpu()
+        print(json.dumps({"same": [a is b for a, b in zip(model.parameters(), params)], "values": values,
+                          "partitioned": partitioned, "device": params[0].ds_tensor.device.type,
+                          "kept": [getattr(params[0], "tag", None), ref() is params[0]],
+                          "forward": torch.allclose(out, torch.ones(2, 4) @ before[0].T + before[1])}))
+    """)
+    result = last_json(run_python(code, "xla", single_rank_env()))
+    assert result == {"same": [True, True], "values": [True, True], "partitioned": [True, True], "device": "xla",
+                      "kept": ["mine", True], "forward": True}, result
