@@ -200,3 +200,6 @@ def test_the_shipped_selection_for_the_pinned_deepspeed_loads():
     selection = upstream_selection.load(upstream_selection.default_path(metadata.version("deepspeed")))
     assert selection.deepspeed == metadata.version("deepspeed")
     assert len(selection.targets) >= 10 and all(k.reason and k.link for k in selection.known)
+    # the pull-request subset is a part of it, and fp16 differences are the ones counted apart
+    assert 0 < len(selection.only("pr").entries) < len(selection.entries)
+    assert selection.fp16_known and all("fp16" in k.reason for k in selection.fp16_known)
