@@ -406,7 +406,8 @@ def verdict(results, differing, planned):
     ran = f"{len(results)} runs" + (f" of {planned} (interrupted)" if len(results) < planned else "")
     print(f"{ran}: {len(hangs)} hangs ({sum(r.hung == 'finished' for r in hangs)} finished but did not exit), "
           f"{left} left behind, {failed} failed, losses differ in {len(differing)}; "
-          f"target 0 hangs, 0 left behind, 0 failed, identical losses: {'met' if met else 'missed'}")
+          f"target 0 hangs, 0 left behind, 0 failed, identical losses: {'met' if met else 'missed'}"
+          + (f" in the {len(results)} runs made, short of the {planned} planned" if len(results) < planned else ""))
     return met
 
 

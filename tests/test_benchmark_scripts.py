@@ -138,3 +138,13 @@ def test_soak_one_two_rank_run_ends_and_leaves_nothing():
     runs, hangs, not_exited, in_training, left_behind, failed = map(int, row[1:7])
     assert (runs, hangs, left_behind, failed) == (1, 0, 0, 0), proc.stdout
     assert row[7] == "yes", proc.stdout
+
+
+def test_an_interrupted_soak_says_how_far_short_of_its_runs_it_stopped(soak, capsys):
+    clean = soak.RunResult(row=(1, "fp32", 2), number=1, seconds=1.0, hung=None, failure=None, left_behind=0,
+                           losses=[1.0], stacks="")
+    assert soak.verdict([clean], [], planned=200)
+    assert capsys.readouterr().out.rstrip().endswith(
+        "1 runs of 200 (interrupted): 0 hangs (0 finished but did not exit), 0 left behind, 0 failed, losses differ in "
+        "0; target 0 hangs, 0 left behind, 0 failed, identical losses: met in the 1 runs made, short of the 200 planned")
+    assert soak.verdict([clean], [], planned=1) and capsys.readouterr().out.rstrip().endswith("identical losses: met")
