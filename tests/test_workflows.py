@@ -31,8 +31,15 @@ def run_steps(workflow):
     return [step["run"] for job in data["jobs"].values() for step in job["steps"] if "run" in step]
 
 
-def test_there_is_a_pull_request_and_a_nightly_tpu_workflow():
-    assert {path.name for path in WORKFLOWS} == {"pull-request.yml", "nightly-tpu.yml"}
+def test_there_are_a_pull_request_and_two_nightly_workflows():
+    assert {path.name for path in WORKFLOWS} == {"pull-request.yml", "nightly-tpu.yml", "nightly-upstream.yml"}
+
+
+def test_deepspeeds_own_tests_run_whole_nightly_and_their_subset_in_pull_requests():
+    nightly = "\n".join(run_steps(REPO / ".github" / "workflows" / "nightly-upstream.yml"))
+    pull_request = "\n".join(run_steps(REPO / ".github" / "workflows" / "pull-request.yml"))
+    assert "tox -e upstream" in nightly and "--subset" not in nightly
+    assert "tox -e upstream" in pull_request and "--subset pr" in pull_request
 
 
 @pytest.mark.parametrize("workflow", WORKFLOWS, ids=lambda path: path.name)
