@@ -107,13 +107,12 @@ def restore_identity(module, before):
             continue
         if not _involves_xla(old, new):
             continue
-        if not (_exchangeable(old) and _exchangeable(new)):
+        if not _exchange(old, new):
             warnings.warn(f"deepspeed_xla: {type(module).__name__}.{name} moved to {new.device} as a new Parameter "
                           "object, because another tensor still refers to the old one (a view of it, or an autograd "
                           "graph not run backward yet); optimizers and lists made before the move still hold the "
                           "old one. Move the model before taking views of its parameters.", stacklevel=3)
             continue
-        torch._C._swap_tensor_impl(old, new)
         module._parameters[name] = old
         restored.append(name)
     return restored
@@ -124,10 +123,18 @@ def move_keeping_identity(param, device):
     `param.data = param.data.to(device)` does between tensors of one type. Only for a move to or from XLA, and only
     when nothing else refers to its tensor (a view of it, an autograd graph not run backward); returns whether it
     moved (otherwise `param` is left as it was)."""
-    moved = torch.nn.Parameter(param.data.to(device), requires_grad=param.requires_grad)
-    if not (_involves_xla(param, moved) and _exchangeable(param) and _exchangeable(moved)):
+    if not _exchangeable(param):
         return False
-    torch._C._swap_tensor_impl(param, moved)
+    moved = torch.nn.Parameter(param.data.to(device), requires_grad=param.requires_grad)
+    return _involves_xla(param, moved) and _exchange(param, moved)
+
+
+def _exchange(old, new):
+    """Give `old` the tensor implementation of `new` (and `new` old's) when nothing else refers to either; whether it
+    did."""
+    if not (_exchangeable(old) and _exchangeable(new)):
+        return False
+    torch._C._swap_tensor_impl(old, new)
     return True
 
 

@@ -123,12 +123,8 @@ def _upstream_section(report):
     lines += [f"| {verdict} | {count} |" for verdict, count in up["verdicts"].items() if count]
     lines += ["", "| file | collected | passed on CPU | passed on the candidate | expected | fp16 | regressions | "
               "baseline pass/fail/skip | candidate pass/fail/skip | verdicts |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for path, row in [*up["files"].items(), ("total", up["total"])]:
-        sides = ["/".join(str(row[side].get(o, 0)) for o in ("pass", "fail", "skip")) for side in ("baseline", "candidate")]
-        verdicts = ", ".join(f"{count} {verdict}" for verdict, count in row["verdicts"].items())
-        name = "**total**" if path == "total" else f"`{path}`"
-        lines.append(f"| {name} | {row['tests']} | {row['baseline_passed']} | {row['candidate_passed']} | "
-                     f"{row['expected']} | {row['fp16']} | {row['regressions']} | {sides[0]} | {sides[1]} | {verdicts} |")
+    lines += [_upstream_row(f"`{path}`", row) for path, row in up["files"].items()]
+    lines.append(_upstream_row("**total**", up["total"]))
     lines += ["", "Expected: known differences of the candidate, listed with their reasons and links under Expected failures; "
               "fp16: tests of fp16, which XLA devices do not compute (bf16 is their half precision), counted apart."]
     timing = "; ".join(f"{name} {side['seconds']:.0f} s in {side['sessions']} session(s)"
@@ -139,6 +135,14 @@ def _upstream_section(report):
         lines += ["", "Selection entries that matched no test (renamed or removed in this checkout): "
                   + ", ".join(f"`{entry}`" for entry in up["stale_selection"]) + "."]
     return lines
+
+
+def _upstream_row(name, row):
+    """One line of the per-file table: `row` is an upstream_verdicts.per_file row (or their total)."""
+    sides = [[row[side].get(o, 0) for o in ("pass", "fail", "skip")] for side in ("baseline", "candidate")]
+    verdicts = ", ".join(f"{count} {verdict}" for verdict, count in row["verdicts"].items())
+    return (f"| {name} | {row['tests']} | {sides[0][0]} | {sides[1][0]} | {row['expected']} | {row['fp16']} | "
+            f"{row['regressions']} | {'/'.join(map(str, sides[0]))} | {'/'.join(map(str, sides[1]))} | {verdicts} |")
 
 
 def _performance_section(report):

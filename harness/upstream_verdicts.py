@@ -94,9 +94,9 @@ def file_of(nodeid):
 
 def per_file(results, fp16_known=()):
     """{test file: row} in file order. A row has "tests" (collected on either side),
-    the baseline's and the candidate's outcome counts, the verdict counts, and the counts a pull request quotes:
-    "baseline_passed", "candidate_passed", "expected" (known differences that failed, fp16 ones apart), "fp16" (those
-    of `fp16_known`, Expectations) and "regressions" (results the run fails on). `results` are judged and have had
+    the baseline's and the candidate's outcome counts ({"pass", "fail", "skip"}), the verdict counts, and the counts
+    a pull request quotes besides the passes: "expected" (known differences that failed, fp16 ones apart), "fp16"
+    (those of `fp16_known`, Expectations) and "regressions" (results the run fails on). `results` are judged and have had
     the selection's known differences applied (expectations.apply)."""
     files = {}
     for result in results:
@@ -114,7 +114,7 @@ def total(files):
     return _plain(summed)
 
 
-_COUNTS = ("tests", "baseline_passed", "candidate_passed", "expected", "fp16", "regressions")
+_COUNTS = ("tests", "expected", "fp16", "regressions")
 
 
 def _empty_row():
@@ -126,7 +126,6 @@ def _count(row, result, fp16):
     row["tests"] += 1
     for side in ("baseline", "candidate"):
         row[side][_OUTCOME[evidence[side]]] += 1
-        row[f"{side}_passed"] += _OUTCOME[evidence[side]] == "pass"
     row["verdicts"][evidence["verdict"]] += 1
     row["fp16" if fp16 else "expected"] += result["status"] == "xfailed"
     row["regressions"] += result["status"] == "failed"
