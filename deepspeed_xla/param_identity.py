@@ -22,15 +22,19 @@ its weak references (DeepSpeed keeps some), exactly as `.data =` would on CUDA. 
 that do not involve XLA, and processes that opted into either of torch's
 `torch.__future__` conversion flags, are left to PyTorch.
 
-`deepspeed.zero.Init(module=model)` turns a model built on the CPU into ZeRO-3 parameters
-with `param.data = param.data.to(device)`, which PyTorch refuses between a CPU and an XLA
-tensor ("incompatible tensor type"). The same exchange moves each such parameter to the
-device first (`move_keeping_identity`), armed when DeepSpeed's partition_parameters loads.
+Code that moves a parameter itself, `param.data = tensor_on_another_device`, works between
+CPU and CUDA tensors but PyTorch refuses it between a CPU and an XLA tensor ("incompatible
+tensor type"). DeepSpeed does it where `deepspeed.zero.Init(module=model)` converts a model
+built on the CPU, and where ZeRO-3 gathers into a parameter the user moved to the CPU. So
+`install()` also gives `torch.nn.Parameter` a `data` property: an assignment PyTorch accepts
+is PyTorch's own; one it refuses across the XLA boundary is done by the same exchange, with
+a new Parameter aliasing the assigned tensor, so the object shares that tensor's storage as
+`.data =` makes it.
 
 Limits: a parameter whose tensor is still referenced from elsewhere in C++ (a view of
-it, an autograd graph built on the CPU and not yet run backward) cannot be exchanged
-safely; it keeps PyTorch's behaviour (a new Parameter, or the refusal above) and a warning
-names it.
+it, an autograd graph built on the CPU and not yet run backward), or that holds a gradient,
+cannot be exchanged safely; it keeps PyTorch's behaviour (a new Parameter with a warning
+naming it, or the refusal above).
 """
 
 import functools
@@ -38,16 +42,16 @@ import warnings
 
 import torch
 
-from xla_host.import_hooks import PostImportHook, arm, wrap_once
-
 from .backend import DEVICE_TYPE
 
-ZERO_INIT_MODULE = "deepspeed.runtime.zero.partition_parameters"
+# PyTorch's own `.data` (a C getset descriptor on TensorBase), which the property installed on Parameter defers to.
+_TENSOR_DATA = torch._C.TensorBase.data
 _original_apply = None
 
 
 def install():
-    """Wrap `torch.nn.Module._apply` so XLA moves keep parameter identity (idempotent)."""
+    """Wrap `torch.nn.Module._apply` and give `torch.nn.Parameter` its cross-device `data` setter, so XLA moves
+    keep parameter identity (idempotent)."""
     global _original_apply
     if _original_apply is not None:
         return
@@ -61,16 +65,31 @@ def install():
         return result
 
     torch.nn.Module._apply = _apply
-    arm(_ZERO_INIT_HOOK)
+    torch.nn.Parameter.data = property(_get_data, _set_data, doc=_TENSOR_DATA.__doc__)
 
 
 def uninstall():
-    """Put PyTorch's own `Module._apply` back (for tests and for candidates built without this); zero.Init's
-    conversion keeps its wrapper, which moves only what DeepSpeed would otherwise fail to move."""
+    """Put PyTorch's own `Module._apply` and `Parameter.data` back (for tests, and for candidates built without
+    this)."""
     global _original_apply
     if _original_apply is not None:
         torch.nn.Module._apply = _original_apply
         _original_apply = None
+        del torch.nn.Parameter.data
+
+
+def _get_data(param):
+    return _TENSOR_DATA.__get__(param)
+
+
+def _set_data(param, tensor):
+    try:
+        _TENSOR_DATA.__set__(param, tensor)
+    except RuntimeError:
+        # PyTorch refuses set_data between tensor types; nothing has changed yet, so the exchange may try
+        if not (isinstance(tensor, torch.Tensor) and _involves_xla(param, tensor) and param.grad is None
+                and _exchange(param, torch.nn.Parameter(tensor, requires_grad=param.requires_grad))):
+            raise
 
 
 def _involves_xla(old, new):
@@ -118,17 +137,6 @@ def restore_identity(module, before):
     return restored
 
 
-def move_keeping_identity(param, device):
-    """Move the Parameter `param` to `device` as the same Python object, with its attributes and weak references, as
-    `param.data = param.data.to(device)` does between tensors of one type. Only for a move to or from XLA, and only
-    when nothing else refers to its tensor (a view of it, an autograd graph not run backward); returns whether it
-    moved (otherwise `param` is left as it was)."""
-    if not _exchangeable(param):
-        return False
-    moved = torch.nn.Parameter(param.data.to(device), requires_grad=param.requires_grad)
-    return _involves_xla(param, moved) and _exchange(param, moved)
-
-
 def _exchange(old, new):
     """Give `old` the tensor implementation of `new` (and `new` old's) when nothing else refers to either; whether it
     did."""
@@ -136,28 +144,3 @@ def _exchange(old, new):
         return False
     torch._C._swap_tensor_impl(old, new)
     return True
-
-
-def _converts_on_the_device(convert):
-
-    @functools.wraps(convert)
-    def wrapper(init, param_list):
-        params = list(param_list)
-        device = torch.device(init.local_device)
-        if device.type == DEVICE_TYPE:
-            for param in params:
-                # ds_id: already a ZeRO parameter, which DeepSpeed skips
-                if not hasattr(param, "ds_id") and param.device != device and not move_keeping_identity(param, device):
-                    warnings.warn(f"deepspeed_xla: zero.Init(module=...) cannot move a parameter of shape "
-                                  f"{tuple(param.shape)} to {device} as the same object: another tensor still "
-                                  "refers to it (a view of it, or an autograd graph not run backward).", stacklevel=3)
-        return convert(init, params)
-
-    return wrapper
-
-
-def _wrap_zero_init(module):
-    wrap_once(module.Init, "_convert_to_zero_parameters", _converts_on_the_device)
-
-
-_ZERO_INIT_HOOK = PostImportHook(ZERO_INIT_MODULE, _wrap_zero_init)

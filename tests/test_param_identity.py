@@ -119,6 +119,32 @@ def test_without_it_pytorch_replaces_parameters():
     assert model.head.weight is not model.embed.weight
 
 
+def test_data_assigned_across_the_xla_boundary_keeps_the_object_and_aliases_the_tensor():
+    """`param.data = tensor` from a CPU to an XLA tensor (PyTorch refuses it: "incompatible tensor type") and back:
+    the same object, its attributes, weak references and requires_grad, sharing the assigned tensor's storage."""
+    param = torch.nn.Parameter(torch.ones(3))
+    param.ds_id = 7
+    ref = weakref.ref(param)
+    on_xla = torch.arange(3.0, device=XLA)
+    param.data = on_xla
+    assert (param.device.type, param.ds_id, ref() is param, param.requires_grad) == ("xla", 7, True, True)
+    on_xla.add_(10)
+    assert param.detach().cpu().tolist() == [10.0, 11.0, 12.0]
+    (param * 2).sum().backward()
+    assert param.grad.cpu().tolist() == [2.0, 2.0, 2.0]
+    param.grad = None
+    param.data = torch.zeros(2)
+    assert (param.device.type, param.tolist(), ref() is param) == ("cpu", [0.0, 0.0], True)
+
+
+def test_data_assigned_across_the_boundary_to_a_parameter_holding_a_gradient_is_refused_as_pytorch_does():
+    param = torch.nn.Parameter(torch.ones(2))
+    param.grad = torch.ones(2)
+    with pytest.raises(RuntimeError, match="incompatible tensor type"):
+        param.data = torch.zeros(2, device=XLA)
+    assert param.device.type == "cpu" and param.tolist() == [1.0, 1.0]
+
+
 def test_zero_init_of_a_model_built_on_the_cpu_keeps_its_parameters():
     """`deepspeed.zero.Init(module=model)` converts a model built on the CPU; DeepSpeed moves each parameter with
     `param.data = ...to(device)`, which PyTorch refuses from CPU to XLA. The parameters become ZeRO-3 parameters on
