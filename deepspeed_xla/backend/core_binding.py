@@ -14,7 +14,7 @@ share a core when there are more ranks than cores), for every thread the process
 threads started later inherit it; PyTorch's intra-op pool, sized when torch was imported, is
 resized to the share unless OMP_NUM_THREADS chose its size. Two ranks on two cores training a
 4.2M-parameter MLP, bound against unbound over four runs each: DeepSpeed ZeRO-3 117-122 against
-127-130 ms per step, a hand-written loop 84-88 against 87-91 (benchmarks/README.md).
+127-130 ms per step, a hand-written loop 84-88 against 87-91 (benchmarks/HISTORY.md, step_overhead).
 
 Left alone: a process that is not one of several local ranks (a local size of at least 2 in
 LOCAL_WORLD_SIZE or LOCAL_SIZE, and a LOCAL_RANK below it), a device other than PJRT CPU, a process
