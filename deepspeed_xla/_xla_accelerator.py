@@ -21,11 +21,12 @@ from deepspeed.accelerator.abstract_accelerator import DeepSpeedAccelerator
 
 from xla_host import discovery
 
-from . import backend, backward_guard, engine_hooks, param_identity, step_graphs, torch_device_module, xla_limits
-from .backend import op_fixes, runtime
+from . import backend, patches
+from .backend import runtime
 from .comm import BACKEND_NAME, register_backend
 from .device_index import ordinal as device_index_ordinal
 from .memory import MemoryAccounting
+from .patches import host_reads, xla_limits
 from .rng import XlaGenerator
 from .streams import Event, Stream
 
@@ -34,7 +35,7 @@ class _TensorType:
     """Stand-in for torch.cuda.FloatTensor and friends: `T([data])` or `T(*sizes)` makes
     a tensor of that dtype on this process's XLA device; isinstance checks dtype and
     device. `T([data])` stays on the host inside DeepSpeed's host-value round trips that no
-    collective takes part in (step_graphs.scalars_stay_on_host)."""
+    collective takes part in (host_reads.scalars_stay_on_host)."""
 
     def __init__(self, dtype, device_fn):
         self.dtype = dtype
@@ -42,7 +43,7 @@ class _TensorType:
 
     def __call__(self, *args):
         if len(args) == 1 and not isinstance(args[0], int):
-            if step_graphs.scalars_stay_on_host() and not torch.is_tensor(args[0]):
+            if host_reads.scalars_stay_on_host() and not torch.is_tensor(args[0]):
                 return torch.as_tensor(args[0], dtype=self.dtype, device="cpu")
             return torch.as_tensor(args[0], dtype=self.dtype).to(self._device_fn())
         return torch.empty(*args, dtype=self.dtype, device=self._device_fn())
@@ -57,8 +58,8 @@ class _TensorType:
 class XLA_Accelerator(DeepSpeedAccelerator):
     """DeepSpeed's accelerator on XLA devices (`get_accelerator()` when DS_ACCELERATOR=xla): one device per rank process, a
     synchronized device (no side streams, host timers), the `xla_ds` communication backend. Construction registers that
-    backend and `torch.xla`, and installs the run-time fixes (torch_xla op kernels, parameter identity across `.to()`,
-    DeepSpeed engine hooks, up-front refusal of what XLA cannot run).
+    backend and installs the DEVICE-phase patches (patches/__init__.py: torch_xla op kernels, parameter identity,
+    `torch.xla`, DeepSpeed engine hooks, up-front refusal of what XLA cannot run).
 
     With `launcher_parent=True` (DeepSpeed's runner and launch.py, which resolve resources and start the workers, and
     never touch a device) nothing is registered or installed, and torch_xla is not imported: the host-side answers the
@@ -77,12 +78,7 @@ class XLA_Accelerator(DeepSpeedAccelerator):
             return
         runtime.apply_matmul_precision()
         register_backend()
-        op_fixes.install()
-        param_identity.install()
-        backward_guard.install()
-        engine_hooks.arm()
-        xla_limits.install()
-        torch_device_module.register(self)
+        patches.install(patches.DEVICE)
 
     # Synchronisation model (module docstring explains the choice)
     def is_synchronized_device(self):

@@ -1,11 +1,11 @@
-"""Under DS_ACCELERATOR=xla, transformers and Accelerate see DeepSpeed's world (deepspeed_xla/huggingface.py);
+"""Under DS_ACCELERATOR=xla, transformers and Accelerate see DeepSpeed's world (deepspeed_xla/patches/huggingface.py);
 without it, nothing of theirs changes. Multi-rank Trainer and Accelerate training against the CPU reference is
 the conformance area `huggingface` (conformance/test_huggingface_training.py)."""
 
 import pytest
 from test_activation import last_json, run_python
 
-from deepspeed_xla import huggingface
+from deepspeed_xla.patches import huggingface
 
 LAUNCHED = dict(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
 

@@ -1,4 +1,4 @@
-"""The launcher side of multi-rank XLA runs: deepspeed_xla/launch.py and the `deepspeed` command.
+"""The launcher side of multi-rank XLA runs: deepspeed_xla/patches/launch.py and the `deepspeed` command.
 
 Unit tests: the env file DeepSpeed reads only on its multi-node path, the emulated device
 count for --include, the per-worker TPU topology applied from a fake TPU host (no TPU
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_xla import launch
+from deepspeed_xla.patches import launch
 from deepspeed_xla.backend import pjrt_env
 from xla_host import tpu_topology
 from harness.candidates import parse_spec

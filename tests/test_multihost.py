@@ -1,5 +1,5 @@
 """The multi-host test bed (harness/multihost.py) and the runner parent's probe of every host
-(deepspeed_xla/multinode.py), on real network namespaces, sshd and pdsh: hosts that look like hosts (and, on
+(deepspeed_xla/patches/multinode.py), on real network namespaces, sshd and pdsh: hosts that look like hosts (and, on
 request, like a TPU slice's workers), that see only their own processes, and that leave nothing behind, also
 when their owner dies."""
 
@@ -124,7 +124,7 @@ def test_tpu_hosts_are_the_workers_of_one_slice(tmp_path):
 PROBE_HOSTS = textwrap.dedent("""
     import sys
     from deepspeed.launcher import runner
-    from deepspeed_xla import multinode
+    from deepspeed_xla.patches import multinode
     try:
         multinode.check_hosts(runner.parse_args(sys.argv[1:] + ["train.py"]))
         print("ok")

@@ -1,4 +1,4 @@
-"""Parameters keep their identity when a module moves to or from XLA (deepspeed_xla.param_identity),
+"""Parameters keep their identity when a module moves to or from XLA (deepspeed_xla.patches.param_identity),
 on a real PJRT CPU device: what every list, optimizer and tied weight made before
 `deepspeed.initialize` relies on. Without the mechanism, each check here fails (see
 test_without_it_pytorch_replaces_parameters)."""
@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch_xla
 
-from deepspeed_xla import param_identity
+from deepspeed_xla.patches import param_identity
 from harness.launching import single_rank_env
 from test_activation import last_json, run_python
 

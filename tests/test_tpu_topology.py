@@ -320,7 +320,8 @@ def test_launcher_safe_modules_never_import_torch_xla(tmp_path):
     script = """
 import sys
 from xla_host import discovery, import_hooks, tpu_topology
-from deepspeed_xla import backend, launch
+from deepspeed_xla import backend
+from deepspeed_xla.patches import launch
 from deepspeed_xla.backend import pjrt_env
 environ = {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": "v4-8", "TPU_PROCESS_BOUNDS": "1,1,1",
            "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1", "TPU_WORKER_ID": "0"}

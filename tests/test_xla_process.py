@@ -19,7 +19,7 @@ import textwrap
 import pytest
 
 from deepspeed_xla.backend import core_binding, host_memory
-from deepspeed_xla.zero_buffers import bounded
+from deepspeed_xla.patches.zero_buffers import bounded
 from harness.candidates import parse_spec
 from harness.launching import launch, single_rank_env
 from test_activation import last_json, run_python
@@ -491,7 +491,7 @@ def test_other_uncaught_exceptions_keep_their_traceback():
 
 
 def test_compile_backends_that_cannot_compile_xla_tensors_are_refused():
-    from deepspeed_xla.xla_limits import UnsupportedOnXla, check_compile_backend
+    from deepspeed_xla.patches.xla_limits import UnsupportedOnXla, check_compile_backend
     check_compile_backend("openxla")
     with pytest.raises(UnsupportedOnXla, match="backend 'inductor' does not compile XLA tensors; use 'openxla'"):
         check_compile_backend("inductor")

@@ -4,7 +4,8 @@ DeepSpeed fixes some choices while its modules import (its accelerator, the op b
 bound to it, the launcher's entry point). A `PostImportHook` on `sys.meta_path` wraps one
 module's loader: `on_loaded(module)` runs as soon as the module has executed, before the
 importer sees it; `on_run_as_main()` runs before the module's code when `python -m` runs
-it (runpy asks the loader for the code instead of executing it).
+it (runpy asks the loader for the code instead of executing it). Several hooks armed for one module
+all run, in the order they were armed.
 """
 
 import importlib.abc
@@ -23,6 +24,7 @@ class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.on_loaded = on_loaded
         self._on_run_as_main = on_run_as_main
         self._loader = None
+        self._followers = []  # hooks armed later for the same module, run after this one
 
     def find_spec(self, fullname, path, target=None):
         """importlib's MetaPathFinder.find_spec: for `module_name` only, the spec PathFinder finds with this hook as its loader
@@ -43,13 +45,15 @@ class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         """importlib's Loader.exec_module: run the module's code with the real loader, then `on_loaded(module)`; an exception from
         either propagates to the importer, and the module is not left in sys.modules."""
         self._loader.exec_module(module)
-        self.on_loaded(module)
+        for hook in [self, *self._followers]:
+            hook.on_loaded(module)
 
     def get_code(self, fullname):
         """The module's code object for runpy (`python -m`), after `on_run_as_main()` if one was given; the code then runs as
         __main__, so `on_loaded` is not called."""
-        if self._on_run_as_main is not None:
-            self._on_run_as_main()
+        for hook in [self, *self._followers]:
+            if hook._on_run_as_main is not None:
+                hook._on_run_as_main()
         return self._loader.get_code(fullname)
 
     def __getattr__(self, name):
@@ -68,10 +72,18 @@ def wrap_once(owner, name, wrap):
     setattr(owner, name, wrapper)
 
 
+_armed = {}  # module name -> the hook in sys.meta_path for it, which also runs the hooks armed after it
+
+
 def arm(hook):
     """Put `hook` in place for this process, once; if its module is already loaded, act now."""
     loaded = sys.modules.get(hook.module_name)
     if loaded is not None:
         hook.on_loaded(loaded)  # it ran before the hook could see it: do now what the hook would have done
-    elif hook not in sys.meta_path:
+        return
+    first = _armed.get(hook.module_name)
+    if first is None or first not in sys.meta_path:
+        _armed[hook.module_name] = hook
         sys.meta_path.insert(0, hook)
+    elif hook is not first and hook not in first._followers:
+        first._followers.append(hook)

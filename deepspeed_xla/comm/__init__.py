@@ -82,7 +82,7 @@ def reads_on_host(group=None):
         return False
     from .bridge import HostBridgeProcessGroup
     group = dist.group.WORLD if group is None else group
-    return isinstance(group, HostBridgeProcessGroup) and not group._alone  # the bridge's own rule for exchanging nothing
+    return isinstance(group, HostBridgeProcessGroup) and group.reads_on_host
 
 
 def register_backend():

@@ -11,8 +11,9 @@ Semantics kept exactly as torch.distributed specifies them:
   write goes through the view into its base) and outputs that alias the input (ZeRO-3
   gathers into a flat buffer whose shard is the input): every operand is read to the
   host before any result is written;
-* inside DeepSpeed's backward pass, the pending graph is cut before the operands are read, so
-  what the rest of the step needs is computed once with them (step_graphs.py);
+* before the operands are read, a callback the engine-step policy sets
+  (`set_before_operands_read`, patches/step_graphs.py) may cut the pending graph, so that inside
+  DeepSpeed's backward pass what the rest of the step needs is computed once with them;
 * every call completes before it returns; the work handle it gives back is already
   done, which satisfies both sync and `async_op=True` callers (wait(), is_completed(),
   get_future());
@@ -34,20 +35,28 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
 
-from .. import step_graphs
 from ..backend import runtime
 from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments
 from .host_buffers import HostBufferPool
 from .process_group import XlaProcessGroupBase, completed_work
 
 
+_before_operands_read = None  # set_before_operands_read's callback
+
+
+def set_before_operands_read(callback):
+    """Have `callback()` called once by each collective, before it reads operands of which any is an XLA tensor
+    to the host (None: nothing is called). The engine-step policy (patches/step_graphs.py) cuts the pending graph
+    there inside engine.backward()."""
+    global _before_operands_read
+    _before_operands_read = callback
+
+
 def _cut_before_reading(operands):
-    """Called once by each collective before it reads its operands with _host: when any is an
-    XLA tensor, step_graphs cuts the pending graph if the engine's backward pass is reading (once
-    per collective: every further cut would be an empty sync, which still scans the live tensors
-    and advances the RNG seed)."""
-    if any(tensor.device.type != "cpu" for tensor in operands):
-        step_graphs.cut_before_collective_read()
+    """Called once by each collective before it reads its operands with _host (once per collective: every further
+    cut would be an empty sync, which still scans the live tensors and advances the RNG seed)."""
+    if _before_operands_read is not None and any(tensor.device.type != "cpu" for tensor in operands):
+        _before_operands_read()
 
 
 # This process's staging buffers: operand copies and result buffers, reused across collectives.
@@ -213,12 +222,14 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
                     host.floor_divide_(self.size())
 
     @property
-    def _alone(self):
-        return self.size() == 1
+    def reads_on_host(self):
+        """Whether this group's collectives read XLA operands to the host: false in a group of one rank, which
+        exchanges nothing."""
+        return self.size() > 1
 
     def allreduce(self, tensors, opts):
         arguments.same_shape(self._where("all_reduce"), tensors, tensors[0])
-        if self._alone:
+        if not self.reads_on_host:
             self._gloo_op(opts.reduceOp, "all_reduce")  # refuses what it would refuse in a larger group
             return completed_work(tensors)
         _cut_before_reading(tensors)
@@ -231,7 +242,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
     def allreduce_coalesced(self, tensors, opts):
         if len({t.dtype for t in tensors}) > 1:
             raise self._unsupported("all_reduce_coalesced", "tensors of different dtypes in one call")
-        if self._alone:
+        if not self.reads_on_host:
             self._gloo_op(opts.reduceOp, "all_reduce_coalesced")
             return completed_work(tensors)
         _cut_before_reading(tensors)
@@ -247,7 +258,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         # gloo's reduce has no AVG; an all-reduce gives every rank the value and only
         # the root keeps it: torch.distributed.reduce leaves the others' tensors as they were.
         arguments.same_shape(self._where("reduce"), tensors, tensors[0])
-        if self._alone:
+        if not self.reads_on_host:
             self._gloo_op(opts.reduceOp, "reduce")
             return completed_work(tensors)
         _cut_before_reading(tensors)
@@ -259,7 +270,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
         return completed_work(tensors)
 
     def _reduce_scatter(self, outputs, inputs_per_output, op, name):
-        if self._alone:
+        if not self.reads_on_host:
             self._gloo_op(op, name)
             for output, inputs in zip(outputs, inputs_per_output):
                 _write_back(output, torch.cat([t.reshape(-1) for t in inputs]).view(output.shape))
@@ -294,7 +305,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
     # -- gathers and broadcasts -------------------------------------------------------
     def broadcast(self, tensors, opts):
         arguments.same_shape(self._where("broadcast"), tensors, tensors[0])
-        if self._alone:
+        if not self.reads_on_host:
             return completed_work(tensors)
         root = self.rank() == opts.rootRank
         # The root's buffers are only sent (gloo writes a root's other tensors when given several).
@@ -317,7 +328,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
 
     def allgather(self, output_tensors_list, input_tensors, opts=None):
         arguments.per_rank_lists(self._where("all_gather"), output_tensors_list, input_tensors, self.size())
-        if self._alone:
+        if not self.reads_on_host:
             for outputs, input in zip(output_tensors_list, input_tensors):
                 _write_back(outputs[0], input)
             return completed_work([t for outputs in output_tensors_list for t in outputs])
@@ -331,7 +342,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
     def _gather_into(self, outputs, inputs, name):
         for output, input in zip(outputs, inputs):
             arguments.flat_sizes(self._where(name), output, input, self.size(), "output", "input")
-        if self._alone:
+        if not self.reads_on_host:
             for output, input in zip(outputs, inputs):
                 _write_back(output, input.reshape(output.shape))
             return
@@ -376,7 +387,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
     def alltoall_base(self, output, input, output_split_sizes, input_split_sizes, opts):
         arguments.all_to_all_single(self._where("all_to_all_single"), output, input, output_split_sizes,
                                     input_split_sizes, self.size())
-        if self._alone:
+        if not self.reads_on_host:
             arguments.flat_sizes(self._where("all_to_all_single"), output, input, 1, "output", "input")
             _write_back(output, input.reshape(output.shape))
             return completed_work([output])
@@ -391,7 +402,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
     def alltoall(self, output_tensors, input_tensors, opts):
         # gloo has only the single-tensor form: flatten, exchange with split sizes, unflatten.
         arguments.all_to_all(self._where("all_to_all"), output_tensors, input_tensors, self.size())
-        if self._alone:
+        if not self.reads_on_host:
             arguments.flat_sizes(self._where("all_to_all"), output_tensors[0], input_tensors[0], 1, "output", "input")
             _write_back(output_tensors[0], input_tensors[0].reshape(output_tensors[0].shape))
             return completed_work(output_tensors)
@@ -429,7 +440,7 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
 
     def barrier(self, opts):
         # A real barrier, unlike the stock xla process group's no-op.
-        if self._alone:
+        if not self.reads_on_host:
             return completed_work([])
         self._run("barrier", lambda: self._gloo.barrier(opts))
         return completed_work([])

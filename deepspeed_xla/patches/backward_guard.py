@@ -11,10 +11,14 @@ loads DeepSpeed too, and on a TPU host the process that starts the runtime owns 
 chips its workers need. So `install()` puts a one-shot wrapper around autograd's engine
 (`Variable._execution_engine`, through which `Tensor.backward`, `torch.autograd.backward`
 and `torch.autograd.grad` all run): the first backward pass of the process starts the
-runtime, puts the engine back, and proceeds. Launchers never run a backward pass.
+runtime, puts the engine back, and proceeds. Launchers never run a backward pass. It is armed
+at interpreter start, before torch loads, and wraps the engine as soon as
+`torch.autograd.variable` has loaded: a backward pass before DeepSpeed loads is covered too.
 """
 
-from torch.autograd.variable import Variable
+from xla_host.import_hooks import PostImportHook, arm
+
+AUTOGRAD_MODULE = "torch.autograd.variable"  # Variable, whose _execution_engine every backward pass runs on
 
 
 class _StartRuntimeFirst:
@@ -24,8 +28,9 @@ class _StartRuntimeFirst:
         self._engine = engine
 
     def run_backward(self, *args, **kwargs):
+        from torch.autograd.variable import Variable
         Variable._execution_engine = self._engine
-        from .backend import runtime
+        from ..backend import runtime
         try:
             runtime.start()
         except ImportError:  # no torch_xla: nothing to start (DeepSpeed's import will say so)
@@ -36,13 +41,21 @@ class _StartRuntimeFirst:
         return getattr(self._engine, name)
 
 
+def _guard(module):
+    if not isinstance(module.Variable._execution_engine, _StartRuntimeFirst):
+        module.Variable._execution_engine = _StartRuntimeFirst(module.Variable._execution_engine)
+
+
+_HOOK = PostImportHook(AUTOGRAD_MODULE, _guard)
+
+
 def install():
-    """Start the runtime at the next backward pass of this process (idempotent). Too late
-    once a backward pass has run without it: autograd has sized its queues by then."""
-    if not pending():
-        Variable._execution_engine = _StartRuntimeFirst(Variable._execution_engine)
+    """Start the runtime at the next backward pass of this process, once torch's autograd has loaded
+    (idempotent). Too late once a backward pass has run without it: autograd has sized its queues by then."""
+    arm(_HOOK)
 
 
 def pending():
     """True while the runtime waits for the first backward pass to start it."""
+    from torch.autograd.variable import Variable
     return isinstance(Variable._execution_engine, _StartRuntimeFirst)

@@ -42,7 +42,7 @@ import warnings
 
 import torch
 
-from .backend import DEVICE_TYPE
+from ..backend import DEVICE_TYPE
 
 # PyTorch's own `.data` (a C getset descriptor on TensorBase), which the property installed on Parameter defers to.
 _TENSOR_DATA = torch._C.TensorBase.data

@@ -3,7 +3,7 @@
 DeepSpeed's launcher is used as it is: `deepspeed` (runner.py) resolves the resources and
 starts `deepspeed.launcher.launch`, which starts one worker per device with RANK,
 LOCAL_RANK, WORLD_SIZE and LOCAL_SIZE set. Three things are added, without touching
-DeepSpeed's files (the activation hook calls them, see _activation.py):
+DeepSpeed's files (installed at interpreter start, patches/__init__.py):
 
 * In the runner parent (`wrap_runner_main`):
   - the `.deepspeed_env` file (or the file named by DS_ENV_FILE), looked up in the
@@ -37,8 +37,8 @@ from collections.abc import Mapping, MutableMapping
 from xla_host import discovery
 from xla_host.import_hooks import PostImportHook, arm, wrap_once
 
+from ..backend.pjrt_env import apply_tpu_worker_env
 from . import multinode
-from .backend.pjrt_env import apply_tpu_worker_env
 
 ENV_FILE_VARIABLE = "DS_ENV_FILE"
 DEFAULT_ENV_FILE = ".deepspeed_env"
@@ -169,10 +169,8 @@ _RUNNER_HOOK = PostImportHook(RUNNER_MODULE, wrap_runner_main,
                               on_run_as_main=lambda: prepare_runner_from_argv(sys.argv[1:]))
 
 
-def install_launcher_hooks() -> None:
+def install() -> None:
     """Called at interpreter start in every DS_ACCELERATOR=xla process (before DeepSpeed
     or the XLA runtime): applies a TPU worker's topology, and arms the runner hook."""
     apply_tpu_worker_env()
-    from . import checkpointing
-    checkpointing.install()  # DeepSpeed checkpoints from XLA hold host tensors
     arm(_RUNNER_HOOK)

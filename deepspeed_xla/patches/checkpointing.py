@@ -8,8 +8,8 @@ map_location not supported with ... _rebuild_device_tensor_from_numpy"). As
 before it is written: the checkpoint loads on XLA (DeepSpeed copies host values into the
 device parameters) and on CPU alike, and `zero_to_fp32.py` reads it without torch_xla.
 
-The engine's `save` is wrapped when its module loads (a post-import hook, armed at
-interpreter start together with the launcher hooks); DeepSpeed's files are unchanged.
+The engine's `save` is wrapped when its module loads (a post-import hook); DeepSpeed's files are
+unchanged.
 
 Shared (tied) parameters: DeepSpeed records which parameters share storage by
 `param.data_ptr()` (`_get_shared_params`, saved as `shared_params` and used by
@@ -23,9 +23,10 @@ import functools
 
 from xla_host.import_hooks import PostImportHook, arm, wrap_once
 
-from .backend import DEVICE_TYPE
+from ..backend import DEVICE_TYPE
+from . import DEEPSPEED_ENGINE
 
-ENGINE_MODULE = "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine"
+CHECKPOINT_ENGINE_MODULE = "deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine"
 
 
 def to_host(obj):
@@ -66,14 +67,6 @@ def wrap_engine(module):
     wrap_once(module.TorchCheckpointEngine, "save", _saving_host_tensors)
 
 
-_HOOK = PostImportHook(ENGINE_MODULE, wrap_engine)
-
-
-def install():
-    """Arm the hook on DeepSpeed's torch checkpoint engine module: wraps it now if already imported, else when it loads."""
-    arm(_HOOK)
-
-
 def shared_params_by_identity(engine, original):
     """DeepSpeedEngine._get_shared_params with parameter identity for data_ptr on XLA (ZeRO-3's
     ds_id and other devices keep DeepSpeed's own answer)."""
@@ -102,6 +95,16 @@ def _telling_tied_params_by_identity(original):
     return wrapper
 
 
-def install_shared_params(engine_module):
-    """Wrap DeepSpeedEngine._get_shared_params (idempotent; engine_hooks.py calls it)."""
+def _tell_shared_params_by_identity(engine_module):
     wrap_once(engine_module.DeepSpeedEngine, "_get_shared_params", _telling_tied_params_by_identity)
+
+
+_HOOKS = (PostImportHook(CHECKPOINT_ENGINE_MODULE, wrap_engine),
+          PostImportHook(DEEPSPEED_ENGINE, _tell_shared_params_by_identity))
+
+
+def install():
+    """Save host tensors through DeepSpeed's torch checkpoint engine, and tell tied parameters by identity in
+    DeepSpeedEngine, each when its module loads, or now if it has (idempotent)."""
+    for hook in _HOOKS:
+        arm(hook)

@@ -14,15 +14,16 @@ The views made when the buffer was made already follow its in-place updates (PyT
 functionalization recomputes a view from its base when the view is next read), so on XLA these
 calls are skipped inside `step()`. Their other callers still run them: initialisation, checkpoint
 loading, and DeepSpeed's `offload_states`/`reload_states`, which move the buffer to another device and
-so need new views. `install()` wraps the methods once DeepSpeed's engine module loads
-(engine_hooks.py); DeepSpeed's files are not touched.
+so need new views. `install()` wraps the methods once DeepSpeed's engine module loads;
+DeepSpeed's files are not touched.
 """
 
 import functools
 
-from xla_host.import_hooks import wrap_once
+from xla_host.import_hooks import PostImportHook, arm, wrap_once
 
-from .backend import DEVICE_TYPE
+from ..backend import DEVICE_TYPE
+from . import DEEPSPEED_ENGINE
 
 _IN_STEP = "_deepspeed_xla_in_step"
 
@@ -54,8 +55,7 @@ def _skipped_in_step_on_xla(flat_buffers):
     return wrap
 
 
-def install(engine_module):
-    """Keep ZeRO's parameters as the views made with their flat buffer on XLA (idempotent)."""
+def _patch(engine_module):
     from deepspeed.runtime.zero.stage3 import DeepSpeedZeroOptimizer_Stage3
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
     for optimizer, repoint, flat_buffers in (
@@ -64,3 +64,12 @@ def install(engine_module):
              lambda optimizer: optimizer.fp16_partitioned_groups_flat)):
         wrap_once(optimizer, "step", _marks_its_step)
         wrap_once(optimizer, repoint, _skipped_in_step_on_xla(flat_buffers))
+
+
+_HOOK = PostImportHook(DEEPSPEED_ENGINE, _patch)
+
+
+def install():
+    """Keep ZeRO's parameters as the views made with their flat buffer on XLA, once DeepSpeed's engine module
+    loads (idempotent)."""
+    arm(_HOOK)

@@ -23,9 +23,10 @@ import sys
 import torch
 
 from xla_host import discovery
-from xla_host.import_hooks import wrap_once
+from xla_host.import_hooks import PostImportHook, arm, wrap_once
 
-from .backend import COMPILE_BACKENDS, DEFAULT_COMPILE_BACKEND, DEVICE_TYPE
+from ..backend import COMPILE_BACKENDS, DEFAULT_COMPILE_BACKEND, DEVICE_TYPE
+from . import DEEPSPEED_ENGINE
 
 
 class UnsupportedOnXla(ValueError):
@@ -56,15 +57,6 @@ def _refusals_in_one_line(previous):
     return excepthook
 
 
-def install():
-    """Refuse training a sparse embedding on XLA, in every module's forward, and print an uncaught
-    refusal as its one line (idempotent)."""
-    global _hook
-    if _hook is None:
-        _hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_sparse_training)
-    wrap_once(sys, "excepthook", _refusals_in_one_line)
-
-
 def _fp16_refused_naming_bf16(do_sanity_check):
     @functools.wraps(do_sanity_check)
     def wrapper(engine, *args, **kwargs):
@@ -81,9 +73,21 @@ def _fp16_refused_naming_bf16(do_sanity_check):
     return wrapper
 
 
-def install_engine_checks(engine_module):
-    """Refuse an fp16 config on a device without fp16 in one line that names bf16 (idempotent)."""
+def _check_engine_configs(engine_module):
     wrap_once(engine_module.DeepSpeedEngine, "_do_sanity_check", _fp16_refused_naming_bf16)
+
+
+_ENGINE_HOOK = PostImportHook(DEEPSPEED_ENGINE, _check_engine_configs)
+
+
+def install():
+    """Refuse training a sparse embedding on XLA, in every module's forward, and an fp16 config on a device without
+    fp16 once DeepSpeed's engine module loads; print an uncaught refusal as its one line (idempotent)."""
+    global _hook
+    if _hook is None:
+        _hook = torch.nn.modules.module.register_module_forward_pre_hook(_refuse_sparse_training)
+    wrap_once(sys, "excepthook", _refusals_in_one_line)
+    arm(_ENGINE_HOOK)
 
 
 def check_compile_backend(backend):

@@ -15,7 +15,7 @@ parameter count (rounded up to an even count, the alignment ZeRO asserts): the s
 buckets are flushed at the same points and the numerics do not change, only the unused
 tail is gone. `install()` does this by wrapping the engine's bucket-size accessors
 (`zero_reduce_bucket_size`, `zero_allgather_bucket_size`, `zero_prefetch_bucket_size`)
-once DeepSpeed's engine module loads (engine_hooks.py); DeepSpeed's files are not touched.
+once DeepSpeed's engine module loads; DeepSpeed's files are not touched.
 
 Contiguous gradients (DeepSpeed's default) stay as configured: each gradient is copied into a
 slice of the flat bucket, which XLA computes as one concatenation of the gradients once the
@@ -39,9 +39,10 @@ import functools
 
 import torch
 
-from xla_host.import_hooks import wrap_once
+from xla_host.import_hooks import PostImportHook, arm, wrap_once
 
-from .backend import DEVICE_TYPE
+from ..backend import DEVICE_TYPE
+from . import DEEPSPEED_ENGINE
 
 BUCKET_SIZE_ACCESSORS = ("zero_reduce_bucket_size", "zero_allgather_bucket_size", "zero_prefetch_bucket_size")
 
@@ -119,9 +120,7 @@ def _in_parameter_order(copy_grads_in_partition):
     return wrapper
 
 
-def install(engine_module):
-    """Bound the bucket sizes of `engine_module.DeepSpeedEngine`, and lay ZeRO-1/2's gradient partition out
-    in parameter order on XLA (idempotent)."""
+def _patch(engine_module):
     from deepspeed.runtime.zero.stage_1_and_2 import DeepSpeedZeroOptimizer
     engine = engine_module.DeepSpeedEngine
     for name in BUCKET_SIZE_ACCESSORS:
@@ -129,3 +128,11 @@ def install(engine_module):
             wrap_once(engine, name, _bound)
     wrap_once(DeepSpeedZeroOptimizer, "copy_grads_in_partition", _in_parameter_order)
 
+
+_HOOK = PostImportHook(DEEPSPEED_ENGINE, _patch)
+
+
+def install():
+    """Bound DeepSpeedEngine's bucket sizes, and lay ZeRO-1/2's gradient partition out in parameter order on XLA,
+    once DeepSpeed's engine module loads (idempotent)."""
+    arm(_HOOK)

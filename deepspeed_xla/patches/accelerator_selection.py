@@ -1,0 +1,41 @@
+"""DeepSpeed selects XLA_Accelerator while it is being imported, when DS_ACCELERATOR=xla.
+
+DeepSpeed calls get_accelerator() during its own import, rejects names it does not know, and binds its
+op builders to the accelerator it gets then, so the accelerator must be in place the moment
+`deepspeed.accelerator.real_accelerator` has executed, before anything else in DeepSpeed runs: a
+post-import hook on that one module sets it. In the launcher parent (launch.is_launcher_parent) the
+accelerator answers host-side questions only and the XLA backend is not loaded; in every other
+process the backend loads first (workers must load it before DeepSpeed touches a device).
+"""
+
+import sys
+
+from xla_host.import_hooks import REAL_ACCELERATOR, PostImportHook, arm
+
+from .. import backend
+
+
+def _set_accelerator(module):
+    from .._xla_accelerator import XLA_Accelerator
+    from .launch import is_launcher_parent
+    launcher_parent = is_launcher_parent()
+    try:
+        if not launcher_parent:
+            backend.load()
+        accelerator = XLA_Accelerator(launcher_parent=launcher_parent)
+    except ValueError as err:  # a DS_XLA_* setting that makes no sense: one line, not a traceback
+        raise SystemExit(f"deepspeed_xla: {err}") from None
+    module.set_accelerator(accelerator)
+
+
+_HOOK = PostImportHook(REAL_ACCELERATOR, _set_accelerator)
+
+
+def install():
+    """Arm the hook for this process (a no-op when already armed); RuntimeError when DeepSpeed's accelerator module
+    has already loaded, with the accelerator it chose then."""
+    if REAL_ACCELERATOR in sys.modules:
+        raise RuntimeError("deepspeed_xla: DeepSpeed was imported before the XLA accelerator could be installed, "
+                           "and its op builders are bound to the accelerator it chose then. Set DS_ACCELERATOR=xla, "
+                           "or call deepspeed_xla.activate() before importing deepspeed.")
+    arm(_HOOK)
