@@ -6,7 +6,7 @@ import sys
 import tempfile
 import threading
 
-from harness.process_group import dies_with_parent
+from harness.child_processes import dies_with_parent
 
 RESULT_PREFIX = "bench-result "  # rank 0's result lines, among whatever DeepSpeed logs to stdout
 TIMEOUT_S = 1800  # a world still running after this is stopped (a rank that died leaves the others waiting)
@@ -16,8 +16,8 @@ def launch(script, args, world, on_cpu_accelerator=False):
     """Popen objects for ranks 0..world-1 of `script --worker ARGS` on deepspeed_xla (or, with
     on_cpu_accelerator, DeepSpeed's CPU accelerator); rank 0's stdout is a text pipe, each rank's
     stderr a temporary file. All are killed after TIMEOUT_S, and when this process ends."""
-    from harness import candidates
-    from harness.candidate_env import accelerator_env
+    from harness.candidate import candidates
+    from harness.candidate.candidate_env import accelerator_env
     from harness.launching import free_port
     port = free_port()
     procs = []

@@ -1,19 +1,19 @@
 """How every benchmark script starts and ends, as `python -m harness` does: DeepSpeed's ops load from
 the stack's prebuilt directory, a stale op build lock there is refused in one line (every load of that
 op would wait for it forever), and a Ctrl-C or SIGTERM ends the script with one line and exit 130.
-What the scripts start gets `harness.process_group.dies_with_parent` as its preexec_fn: killed when the
+What the scripts start gets `harness.child_processes.dies_with_parent` as its preexec_fn: killed when the
 script ends, however it ends, so no rank outlives an interrupted benchmark."""
 
 import sys
 from pathlib import Path
 
-from harness import environment, process_group  # the scripts put the repository on sys.path before they import this
+from harness import child_processes, environment  # the scripts put the repository on sys.path before they import this
 
 
 def run(main):
     """sys.exit(main()), after the build-lock check; exit 2 with one line for a stale lock, 130 on an interrupt."""
     prog = Path(sys.argv[0]).name
-    process_group.interrupts_raise()
+    child_processes.interrupts_raise()
     stale = environment.stale_lock_line(environment.stale_build_locks(environment.use_stack_extensions()))
     if stale:
         print(f"{prog}: error: {stale}", file=sys.stderr)

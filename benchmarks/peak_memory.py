@@ -20,11 +20,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness import candidates  # noqa: E402
-from harness.candidate_env import accelerator_env  # noqa: E402
+from harness.candidate import candidates  # noqa: E402
+from harness.candidate.candidate_env import accelerator_env  # noqa: E402
 from harness.launching import single_rank_env  # noqa: E402
 from harness.paths import FIXTURES  # noqa: E402
-from harness.process_group import dies_with_parent  # noqa: E402
+from harness.child_processes import dies_with_parent  # noqa: E402
 from _script import run  # noqa: E402
 
 TIMEOUT_S = 600  # one training process of 4 steps takes under a minute; a stuck one is stopped

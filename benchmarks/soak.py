@@ -39,11 +39,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _script import run, selected_rows  # noqa: E402
-from harness import candidates, logs  # noqa: E402
-from harness.candidate_env import accelerator_env  # noqa: E402
+from harness import logs  # noqa: E402
+from harness.candidate import candidates  # noqa: E402
+from harness.candidate.candidate_env import accelerator_env  # noqa: E402
 from harness.launching import deepspeed_command, free_port, run_in_session  # noqa: E402
 from harness.paths import FIXTURES  # noqa: E402
-from harness.process_group import dies_with_parent, interrupts_held  # noqa: E402
+from harness.child_processes import dies_with_parent, interrupts_held  # noqa: E402
 
 TRAIN = FIXTURES / "train.py"
 STEPS = 6  # as the harness's training checks (run_training's default): a short run, most of it start-up

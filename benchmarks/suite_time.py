@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from _script import run  # noqa: E402
-from harness.process_group import interrupted_with_parent  # noqa: E402
+from harness.child_processes import interrupted_with_parent  # noqa: E402
 
 TARGET_S = {"smoke": 180, "all": 900}
 # The runtime starts lazily: time it up to a first tensor on the device and back.

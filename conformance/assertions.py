@@ -8,7 +8,7 @@ conformance_helpers.py.
 import torch
 from conformance_helpers import host
 
-from harness.loss_comparison import compare_losses, describe_mismatch
+from harness.training.loss_comparison import compare_losses, describe_mismatch
 
 
 def _call_text(method, *args, **kwargs):

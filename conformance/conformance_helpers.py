@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from harness import candidate_env
+from harness.candidate import candidate_env
 from harness.paths import FIXTURES
-from harness.training_cases import training_cases
+from harness.training.training_cases import training_cases
 
 # DeepSpeed passes device indices as ints, as strings ("0", from env and configs) and as torch.device.
 INDEX_FORMS = {
@@ -26,7 +26,7 @@ INDEX_FORMS = {
 
 def covering(method, *values):
     """A pytest.param of a check parametrized over sibling DeepSpeedAccelerator methods: `method`,
-    then `values`, with the method as its id, marked as covering it (harness/checklist.py)."""
+    then `values`, with the method as its id, marked as covering it (harness/session/checklist.py)."""
     return pytest.param(method, *values, id=method, marks=pytest.mark.covers(method))
 
 
@@ -61,7 +61,7 @@ def run_fresh(candidate, code, timeout=300, env=None):
     inside `code`."""
     # gc.freeze(): torch, torch_xla and DeepSpeed, imported for good, stay out of every later collection and
     # out of the exit's (about a second less per process); what `code` makes afterwards is collected as before
-    prelude = "import gc\nfrom harness.candidate_env import install_current\naccel = install_current()\ngc.freeze()\n"
+    prelude = "import gc\nfrom harness.candidate.candidate_env import install_current\naccel = install_current()\ngc.freeze()\n"
     proc = subprocess.run([sys.executable, "-c", prelude + code],
                           env=candidate_env.child_env(candidate, {**os.environ, **(env or {})}),
                           capture_output=True, text=True, timeout=timeout)

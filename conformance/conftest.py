@@ -1,16 +1,17 @@
 """Fixtures shared by conformance modules. The candidate is already installed by the harness
-plugin (harness/plugin.py) when these run; checks reach it the way DeepSpeed does."""
+plugin (harness/session/plugin.py) when these run; checks reach it the way DeepSpeed does."""
 
 import pytest
 import torch
 from assertions import assert_losses_match
 
-from harness import candidate_env, references
+from harness.candidate import candidate_env
+from harness.training import references
 
 
 @pytest.fixture(scope="session")
 def candidate():
-    """The candidate under test (harness.candidates.CandidateSpec), as the harness started this process for it:
+    """The candidate under test (harness.candidate.candidates.CandidateSpec), as the harness started this process for it:
     what a check hands to the processes it starts (training scripts, DeepSpeed's launcher, fresh interpreters)."""
     return candidate_env.current_spec()
 
@@ -40,7 +41,7 @@ def restore_device(accel):
 def trains_like_reference(request, candidate, evidence, tmp_path):
     """trains_like_reference(case, what): train a training case on the candidate and assert that every
     step's loss matches the case's CPU reference curve, trained live in this run or stored
-    (fixtures/references/) as `--reference` says (harness/references.py); `what` names the run.
+    (fixtures/references/) as `--reference` says (harness/training/references.py); `what` names the run.
     Returns the candidate's TrainingRun."""
     mode = request.config.getoption("harness_reference")
 

@@ -34,7 +34,7 @@ from xla_probe import graph_counters, graph_dump_env, graph_dump_size, matmuls_i
 
 from harness.launching import single_rank_env
 from harness.paths import FIXTURES
-from harness.training_cases import training_cases
+from harness.training.training_cases import training_cases
 
 pytestmark = pytest.mark.area("graph")
 

@@ -16,7 +16,7 @@ import torch
 from assertions import assert_losses_match
 from conformance_helpers import import_fixture_script, training_case_params
 
-from harness.loss_comparison import compare_losses
+from harness.training.loss_comparison import compare_losses
 
 pytestmark = pytest.mark.area("huggingface")
 

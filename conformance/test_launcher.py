@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from harness.candidate_env import accelerator_env
+from harness.candidate.candidate_env import accelerator_env
 from harness.launching import launch
 from harness.paths import FIXTURES
 

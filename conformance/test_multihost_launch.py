@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from harness import logs, multihost
-from harness.candidate_env import accelerator_env
+from harness.candidate.candidate_env import accelerator_env
 from harness.launching import free_port, hostfile_command, launch_on_hosts
 from harness.paths import FIXTURES
 

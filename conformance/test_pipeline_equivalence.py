@@ -6,7 +6,7 @@ pipelines side by side (data parallel); every step runs 2 micro-batches through 
 pipeline (gradient accumulation), optionally recomputing each layer in backward
 (activation checkpointing). The cases are the `pipeline` table of
 fixtures/training_cases.toml; every run starts through DeepSpeed's own launcher, the CPU
-reference live in this run or stored (harness/references.py). Stage-to-stage activations
+reference live in this run or stored (harness/training/references.py). Stage-to-stage activations
 and gradients travel by send/recv, so a candidate's point-to-point path is exercised here
 and nowhere else.
 """

@@ -12,7 +12,7 @@ candidate's own plain run: dropout streams differ between devices, so the CPU cu
 import pytest
 from assertions import assert_losses_match
 
-from harness.training_cases import TrainingCase
+from harness.training.training_cases import TrainingCase
 
 pytestmark = pytest.mark.area("scripts")
 

@@ -1,7 +1,7 @@
 """ZeRO stages 0-3 train on the candidate exactly as on DeepSpeed's CPU accelerator.
 
 fixtures/train.py (a plain DeepSpeed script) runs on the candidate and on the CPU
-accelerator (live in this run, or its stored curve: harness/references.py), started as a
+accelerator (live in this run, or its stored curve: harness/training/references.py), started as a
 user starts it: one rank as `python train.py`, more ranks through DeepSpeed's own launcher
 (`deepspeed --num_gpus N`). The cases are the `zero` table of fixtures/training_cases.toml.
 Every step's loss must agree within fixtures/tolerances.toml. A loss that merely goes down

@@ -7,7 +7,7 @@ import sys
 DEPENDENCIES = ("pytest", "xdist", "pytest_timeout", "junitparser", "matplotlib", "torch", "torch_xla", "deepspeed")
 
 try:
-    from .cli import main
+    from harness.cli import main
 except ModuleNotFoundError as err:
     if (err.name or "").split(".")[0] not in DEPENDENCIES:
         raise

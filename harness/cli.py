@@ -20,10 +20,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from . import (candidate_env, candidates, curves, environment, expectations, outcomes, process_group, references,
-               report_diff, report_files, report_json, report_md, run_dir, suites, training_cases, upstream)
-from .paths import BENCHMARKS, REPO
-from .run_dir import OUT_ENV
+from harness import child_processes, environment
+from harness.candidate import candidate_env, candidates
+from harness.report import curves, report_diff, report_files, report_json, report_md, run_dir
+from harness.session import expectations, outcomes, suites
+from harness.training import references, training_cases
+from harness.upstream import upstream
+from harness.paths import BENCHMARKS, REPO
+from harness.report.run_dir import OUT_ENV
 
 PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
 # pytest exit codes after which the child ran what it collected (0 passed, 1 failures, 5 nothing)
@@ -108,10 +112,10 @@ def run_benchmarks(args):
             current = name
             print(f"harness: benchmark {name} (benchmarks/{name}.py)", flush=True)
             # Each child stays referenced until the end: a Popen freed here could take a Ctrl-C with it.
-            with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
+            with child_processes.interrupts_held():  # an interrupt while it starts would orphan the child
                 children.append(subprocess.Popen([sys.executable, str(BENCHMARKS / f"{name}.py"), *benchmark_args],
                                                  cwd=REPO, text=True, stdout=subprocess.PIPE, start_new_session=True,
-                                                 preexec_fn=process_group.dies_with_parent))
+                                                 preexec_fn=child_processes.dies_with_parent))
             output = []
             for line in children[-1].stdout:
                 print(line, end="", flush=True)
@@ -124,15 +128,15 @@ def run_benchmarks(args):
     except KeyboardInterrupt:
         interrupted = current
         if children and children[-1].poll() is None:
-            process_group.stop_interrupted(children[-1])
+            child_processes.stop_interrupted(children[-1])
     finally:
         for child in children:
-            process_group.reap(child)
+            child_processes.reap(child)
     if extended is not None and tables:
         report_path, report = extended
         ran = {table["benchmark"] for table in tables}
         report["performance"] = [t for t in report.get("performance", []) if t["benchmark"] not in ran] + tables
-        with process_group.interrupts_held():  # a report half written is worse than a Ctrl-C answered late
+        with child_processes.interrupts_held():  # a report half written is worse than a Ctrl-C answered late
             report_files.rewrite_summaries(report, report_path.parent)
         print(f"harness: performance tables added to {report_path.parent}/report.md", flush=True)
     if interrupted:
@@ -213,17 +217,17 @@ def _run_child(command, env):
     """
     child = None
     try:
-        with process_group.interrupts_held():  # an interrupt while it starts would orphan the child
+        with child_processes.interrupts_held():  # an interrupt while it starts would orphan the child
             child = subprocess.Popen(command, env=env, cwd=REPO, start_new_session=True,
-                                     preexec_fn=process_group.interrupted_with_parent)
+                                     preexec_fn=child_processes.interrupted_with_parent)
         return child.wait(), False
     except KeyboardInterrupt:
         if child is None:
             raise
-        return process_group.stop_interrupted(child, wait_s=60), True
+        return child_processes.stop_interrupted(child, wait_s=60), True
     finally:
         if child is not None:
-            process_group.reap(child)
+            child_processes.reap(child)
 
 
 def _run_isolating_crashes(command, targets, pytest_args, env, parts):
@@ -244,10 +248,10 @@ def _run_isolating_crashes(command, targets, pytest_args, env, parts):
             return returncode, interrupted
         for nodeid in crashed:
             report_json.append_lost_check(parts, nodeid,
-                                          outcomes.lost_check_message(process_group.how_it_ended(returncode)))
+                                          outcomes.lost_check_message(child_processes.how_it_ended(returncode)))
         done = set(started)
         pending = [nodeid for nodeid in collected if nodeid not in done]
-        print(f"harness: {crashed[-1]} ended its process ({process_group.how_it_ended(returncode)}); "
+        print(f"harness: {crashed[-1]} ended its process ({child_processes.how_it_ended(returncode)}); "
               f"{len(pending)} check(s) left, resumed in a new process", flush=True)
         if not pending:
             return 0, False
@@ -313,10 +317,10 @@ def run(args):
     if args.backend == "tpu":  # compare fp32 at full precision: TPUs multiply fp32 in bf16 passes by default
         env.setdefault(candidates.MATMUL_PRECISION_ENV, "highest")
     env[OUT_ENV] = str(out)
-    command = [sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+    command = [sys.executable, "-m", "pytest", "-p", "harness.session.plugin", "-p", "no:cacheprovider",
                "--rootdir", str(REPO), "--timeout", str(args.timeout), "--reference", args.reference,
                "--harness-suite", args.suite, "-q", "-rfEX",
-               *(["-n", str(args.workers), "--dist", "loadfile", "-p", "harness.xdist_crashes"] if args.workers else [])]
+               *(["-n", str(args.workers), "--dist", "loadfile", "-p", "harness.session.xdist_crashes"] if args.workers else [])]
     pytest_args = [a for a in args.pytest_args if a != "--"]
     print(f"harness: suite {args.suite} on {args.backend}, candidate {spec.text}: {len(modules)} modules -> {out}",
           flush=True)
@@ -372,7 +376,7 @@ def record_references(args):
 def main(argv=None):
     """Entry point of `python -m harness`: the exit status of the subcommand `argv` (default sys.argv[1:]) names, or 2 with
     a one-line `harness: error:` on stderr for bad usage (argparse errors and stale DeepSpeed op build locks included)."""
-    process_group.interrupts_raise()  # a SIGTERM too: children stopped, report written, marked incomplete
+    child_processes.interrupts_raise()  # a SIGTERM too: children stopped, report written, marked incomplete
     extensions = environment.use_stack_extensions()
     try:
         args = _parser().parse_args(argv)

@@ -14,8 +14,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-from .candidates import MATMUL_PRECISION_ENV
-from .paths import REPO
+from harness.candidate.candidates import MATMUL_PRECISION_ENV
+from harness.paths import REPO
 
 # Variables that change what a run means; nothing else from the environment is recorded.
 ENV_ALLOWLIST = ("PJRT_DEVICE", "DS_ACCELERATOR", "XLA_FLAGS", "CPU_NUM_DEVICES", "TPU_ACCELERATOR_TYPE",

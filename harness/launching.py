@@ -13,8 +13,8 @@ import sys
 import time
 from pathlib import Path
 
-from . import process_group
-from .candidate_env import accelerator_env
+from harness import child_processes
+from harness.candidate.candidate_env import accelerator_env
 
 DEEPSPEED_RUNNER = ("-m", "deepspeed.launcher.runner")
 SHM_DIR = Path("/dev/shm")
@@ -107,10 +107,10 @@ def run_in_session(cmd, env, workdir, log_path, timeout, port=None):
         proc = None
         timed_out = False
         try:
-            with process_group.interrupts_held():  # a Ctrl-C while it starts would orphan the launcher
+            with child_processes.interrupts_held():  # a Ctrl-C while it starts would orphan the launcher
                 proc = subprocess.Popen([sys.executable, "-I", "-S", str(SESSION_LEADER), str(os.getpid()), *cmd],
                                         cwd=workdir, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True, preexec_fn=process_group.terminated_with_parent)
+                                        start_new_session=True, preexec_fn=child_processes.terminated_with_parent)
             proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             timed_out = True

@@ -60,7 +60,7 @@ def test_what_a_benchmark_starts_dies_with_it(tmp_path):
     script.write_text(textwrap.dedent(f"""
         import subprocess, sys
         sys.path[:0] = [{str(BENCHMARKS)!r}, {str(REPO)!r}]
-        from harness.process_group import dies_with_parent
+        from harness.child_processes import dies_with_parent
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], preexec_fn=dies_with_parent)
         print(child.pid, flush=True)
     """))

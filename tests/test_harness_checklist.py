@@ -1,4 +1,4 @@
-"""The interface checklist (harness/checklist.py): the method a check covers, by its covers marker
+"""The interface checklist (harness/session/checklist.py): the method a check covers, by its covers marker
 or by its name, and what coverage counts; then the plugin tagging a real pytest session by them."""
 
 import json
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness import checklist
+from harness.session import checklist
 
 REPO = Path(__file__).resolve().parents[1]
 METHODS = ["Stream", "device_count", "is_available", "max_memory_allocated", "memory_allocated", "stream"]
@@ -119,7 +119,7 @@ def test_plugin_tags_interface_checks_by_their_covers_markers(tmp_path):
             pass
     """))
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.session.plugin", "-p", "no:cacheprovider",
                            "--harness-out", str(out), str(module), str(elsewhere)], cwd=tmp_path, capture_output=True,
                           text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=300)
     records = [json.loads(line) for line in (out / "parts" / "results.jsonl").read_text().splitlines()]

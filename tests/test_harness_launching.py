@@ -9,10 +9,10 @@ import time
 import psutil
 import pytest
 
-from harness import process_group
+from harness import child_processes
 from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers, run_in_session
 from harness.paths import FIXTURES, REPO
-from harness.training import TrainingFailed, run_training
+from harness.training.training import TrainingFailed, run_training
 
 
 def _buffer(shm_dir, uid, port, rank, addr="127.0.0.1"):
@@ -71,7 +71,7 @@ def test_an_interrupt_while_a_child_starts_arrives_once_the_caller_holds_it(sig)
     reached = []
     try:
         with pytest.raises(KeyboardInterrupt):
-            with process_group.interrupts_held():
+            with child_processes.interrupts_held():
                 os.kill(os.getpid(), sig)
                 time.sleep(0.2)  # Python runs signal handlers between bytecodes: long since due here
                 reached.append("the rest of the block")
@@ -86,7 +86,7 @@ def test_an_interrupt_held_while_a_child_fails_to_start_still_arrives():
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         with pytest.raises(KeyboardInterrupt) as raised:
-            with process_group.interrupts_held():
+            with child_processes.interrupts_held():
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.2)
                 raise FileNotFoundError("no such program")

@@ -1,4 +1,4 @@
-"""Stored reference curves (harness/references.py): every training case has one, fresh for the
+"""Stored reference curves (harness/training/references.py): every training case has one, fresh for the
 installed stack, and it is what the CPU accelerator trains today; a stale or damaged one is
 named and replaced by a live run; `python -m harness references` records them."""
 
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from harness import references
-from harness.loss_comparison import compare_losses
+from harness.training import references
+from harness.training.loss_comparison import compare_losses
 from harness.paths import REPO
-from harness.training_cases import training_areas, training_cases
+from harness.training.training_cases import training_areas, training_cases
 
 CASES = [case for area in training_areas() for case in training_cases(area)]
 # the cheapest case (one rank, ~10 s on CPU) stands for all in the checks that train

@@ -11,8 +11,10 @@ from types import SimpleNamespace
 import pytest
 from junitparser import JUnitXml
 
-from harness import cli, curves, environment, expectations, report_files, run_dir, suites
-from harness.outcomes import result_record, status_of
+from harness import cli, environment
+from harness.report import curves, report_files, run_dir
+from harness.session import expectations, suites
+from harness.session.outcomes import result_record, status_of
 
 DEVICE = "conformance/test_interface_device.py"
 
@@ -319,7 +321,7 @@ def test_diff_against_an_incomplete_run_fails(tmp_path):
 
 
 def test_redaction_replaces_paths_and_the_host_name_only_where_they_stand(monkeypatch):
-    from harness import report_md
+    from harness.report import report_md
     monkeypatch.setattr(report_md.socket, "gethostname", lambda: "test")
     # A checkout under the temporary or home directory would rightly show the text after it as a path there
     # ("<tmp>/checkoutx"): those two are put where no checkout is, so the repository's own pattern is what is checked.
@@ -392,7 +394,7 @@ def test_diff_of_something_that_is_not_a_report_is_one_line(tmp_path, content, r
 
 
 def test_tolerance_rows_per_device():
-    from harness.loss_comparison import tolerance
+    from harness.training.loss_comparison import tolerance
     assert tolerance("fp32", "CPU") == (1e-5, 1e-6)
     assert tolerance("fp32", "TPU") == (1e-4, 1e-5)  # compared at DS_XLA_MATMUL_PRECISION=highest
     assert tolerance("bf16", "TPU") == tolerance("bf16", "CPU")

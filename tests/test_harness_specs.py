@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness import suites
-from harness.candidate_env import child_env
-from harness.candidates import SpecError, parse_spec
+from harness.session import suites
+from harness.candidate.candidate_env import child_env
+from harness.candidate.candidates import SpecError, parse_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -87,7 +87,7 @@ def test_test_ids_match_with_star_only():
 
 
 def _conformance_ids():
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.plugin", "-p", "no:cacheprovider",
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "harness.session.plugin", "-p", "no:cacheprovider",
                            "--collect-only", "-q", "conformance"], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return [line.split("/", 1)[1] for line in proc.stdout.splitlines() if line.startswith("conformance/")]
@@ -126,7 +126,7 @@ def test_in_tree_candidate_is_deepspeeds_own_and_leaves_ds_accelerator_to_the_ha
     """in-tree:NAME installs what DeepSpeed itself answers to DS_ACCELERATOR=NAME (here its CPU
     accelerator, which every DeepSpeed has), and children do not inherit the name: deepspeed_xla's
     start-up hook would otherwise claim DS_ACCELERATOR=xla in them."""
-    code = ("import os; from harness.candidate_env import install_current; a = install_current(); "
+    code = ("import os; from harness.candidate.candidate_env import install_current; a = install_current(); "
             "print(type(a).__module__, os.environ.get('DS_ACCELERATOR'))")
     env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,

@@ -12,7 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from harness import expectations, upstream_run, upstream_selection, upstream_verdicts
+from harness.session import expectations
+from harness.upstream import upstream_run, upstream_selection, upstream_verdicts
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "upstream_tree"

@@ -1,4 +1,4 @@
-"""harness.xdist_crashes: a pytest-xdist worker that dies mid-check under `--dist loadfile` costs
+"""harness.session.xdist_crashes: a pytest-xdist worker that dies mid-check under `--dist loadfile` costs
 that one check, never a hung run or the checks queued behind it."""
 
 import os
@@ -24,7 +24,7 @@ FILES = {
 def test_a_crashed_worker_costs_its_check_only(tmp_path, workers):
     for name, tests in FILES.items():
         (tmp_path / name).write_text("\n\n".join(tests) + "\n")
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "harness.xdist_crashes",
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "harness.session.xdist_crashes",
                "-n", str(workers), "--dist", "loadfile", "-q", "-rf", "--rootdir", str(tmp_path), str(tmp_path)]
     try:
         run = subprocess.run(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(REPO)),
@@ -57,7 +57,7 @@ class DyingWorker:
 def test_work_sent_to_a_worker_that_just_died_goes_to_the_next_one(pytester):
     """The worker died after its last report, before xdist handled its death: the work sent on that
     report fails to send, and must neither end the run nor be lost."""
-    from harness.xdist_crashes import CrashSafeLoadFileScheduling
+    from harness.session.xdist_crashes import CrashSafeLoadFileScheduling
     collection = [f"test_{f}.py::test_{f}{i}" for f, n in (("a", 3), ("b", 3), ("c", 2)) for i in range(1, n + 1)]
     scheduler = CrashSafeLoadFileScheduling(pytester.parseconfig("--tx", "popen", "--dist", "loadfile"))
     dying = DyingWorker("gw0", dead_after_sends=2)

@@ -18,7 +18,7 @@ import pytest
 from deepspeed_xla.patches import launch
 from deepspeed_xla.backend import pjrt_env
 from xla_host import tpu_topology
-from harness.candidates import parse_spec
+from harness.candidate.candidates import parse_spec
 from harness.launching import launch as run_launcher
 from harness.paths import FIXTURES
 

@@ -13,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from harness.candidates import parse_spec
+from harness.candidate.candidates import parse_spec
 from harness.launching import free_port, launch
 from harness.paths import FIXTURES
 

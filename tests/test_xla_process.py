@@ -20,7 +20,7 @@ import pytest
 
 from deepspeed_xla.backend import core_binding, host_memory
 from deepspeed_xla.patches.zero_buffers import bounded
-from harness.candidates import parse_spec
+from harness.candidate.candidates import parse_spec
 from harness.launching import launch, single_rank_env
 from test_activation import last_json, run_python
 

@@ -3,10 +3,10 @@
 import json
 from pathlib import Path
 
-from . import checklist
-from .outcomes import build_result
-from .run_dir import RESULTS_FILE, SESSION_FILE
-from .suites import area_of_module
+from harness.session import checklist
+from harness.session.outcomes import build_result
+from harness.report.run_dir import RESULTS_FILE, SESSION_FILE
+from harness.session.suites import area_of_module
 
 SCHEMA_VERSION = 1
 STATUSES = ("passed", "failed", "error", "flaky", "xfailed", "xpassed", "skipped")

@@ -19,12 +19,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import process_group
-from .outcomes import build_result
-from .launching import release_unused_shm_buffers
-from .paths import REPO
-from .report_json import read_events
-from .upstream_plugin import UPSTREAM_EVENTS_ENV
+from harness import child_processes
+from harness.session.outcomes import build_result
+from harness.launching import release_unused_shm_buffers
+from harness.paths import REPO
+from harness.report.report_json import read_events
+from harness.upstream.upstream_plugin import UPSTREAM_EVENTS_ENV
 
 GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
 COLLECTION_S = 600  # the least a session may take to collect before it is thought hung
@@ -67,7 +67,7 @@ def _lost(nodeid, reason):
 
 def _ended_reason(returncode, log_tail):
     hint = next((line.strip() for line in reversed(log_tail) if "Test hanged" in line or "Exit:" in line), "")
-    return (f"the test session ended ({process_group.how_it_ended(returncode)}) before this test reported a result"
+    return (f"the test session ended ({child_processes.how_it_ended(returncode)}) before this test reported a result"
             + (f": {hint}" if hint else "; a rank process may have died"))
 
 
@@ -84,13 +84,13 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
         run.sessions += 1
         events_path = Path(workdir) / f"{name}-{run.sessions}.jsonl"
         log_path = Path(workdir) / f"{name}-{run.sessions}.log"
-        command = [sys.executable, "-m", "pytest", "-p", "harness.upstream_plugin", "-p", "no:cacheprovider",
+        command = [sys.executable, "-m", "pytest", "-p", "harness.upstream.upstream_plugin", "-p", "no:cacheprovider",
                    "-q", "-rN", "--color=no", *pytest_args, *pending]
         child_env = {**env, UPSTREAM_EVENTS_ENV: str(events_path),
                      "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])}
         with open(log_path, "w", encoding="utf-8") as log:
             process = subprocess.Popen(command, cwd=tests_dir, env=child_env, stdout=log, stderr=subprocess.STDOUT,
-                                       start_new_session=True, preexec_fn=process_group.interrupted_with_parent)
+                                       start_new_session=True, preexec_fn=child_processes.interrupted_with_parent)
             stopped, session_started = None, time.time()
             try:
                 while process.poll() is None:
@@ -104,12 +104,12 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
                         stopped = IDLE
                     if stopped:
                         say(f"{name}: {stopped} ran past {timeout_s + grace_s} s; stopping its session")
-                        process_group.stop(process)
+                        child_processes.stop(process)
                         break
             except KeyboardInterrupt:  # Ctrl-C, or SIGTERM turned into one: leave no rank behind
                 run.interrupted = True
-                process_group.stop(process, first=signal.SIGINT)
-            process_group.reap(process)  # pool workers or a forkserver that outlived pytest
+                child_processes.stop(process, first=signal.SIGINT)
+            child_processes.reap(process)  # pool workers or a forkserver that outlived pytest
         release_unused_shm_buffers(session_started)  # the CPU accelerator's, on ports DeepSpeed's harness chose
         events = read_events(events_path)
         tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-40:]

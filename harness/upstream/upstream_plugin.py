@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from .outcomes import result_record
+from harness.session.outcomes import result_record
 
 UPSTREAM_EVENTS_ENV = "HARNESS_UPSTREAM_EVENTS"
 

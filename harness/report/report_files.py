@@ -6,7 +6,7 @@ report_junit.py and report_md.py each render one format.
 
 import os
 
-from . import report_json, report_junit, report_md
+from harness.report import report_json, report_junit, report_md
 
 
 def write(report, results, out):

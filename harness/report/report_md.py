@@ -19,9 +19,9 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
-from .paths import REPO
-from .report_json import FAILING, STATUSES
-from .suites import SUITES
+from harness.paths import REPO
+from harness.report.report_json import FAILING, STATUSES
+from harness.session.suites import SUITES
 
 LIMIT_BYTES = 60_000
 # (evidence characters, traceback characters, all results listed, details per failure) per level,

@@ -17,10 +17,10 @@ import os
 import platform
 from pathlib import Path
 
-from .environment import installed_version, source_revision
-from .loss_comparison import compare_losses
-from .paths import FIXTURES, REFERENCES, REPO
-from .training import TrainingFailed
+from harness.environment import installed_version, source_revision
+from harness.training.loss_comparison import compare_losses
+from harness.paths import FIXTURES, REFERENCES, REPO
+from harness.training.training import TrainingFailed
 
 # A regenerated curve that moved by at most this fraction of its precision's rtol trained the same:
 # CPUs of another model round fp32 differently (~1e-7 relative between the x86 CPUs seen here), and

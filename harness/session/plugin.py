@@ -1,4 +1,4 @@
-"""The pytest plugin behind `python -m harness run` (loaded with `-p harness.plugin`).
+"""The pytest plugin behind `python -m harness run` (loaded with `-p harness.session.plugin`).
 
 In every pytest process (the xdist controller and each worker) it installs the candidate
 before conformance modules are imported, tags each test with its area and interface
@@ -14,10 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from . import candidate_env, candidates, checklist, environment, references
-from .outcomes import TIMEOUT_MARK, build_result, result_record
-from .run_dir import OUT_ENV, RESULTS_FILE, SESSION_FILE
-from .suites import AREAS, SUITES, area_of_module, selects
+from harness import environment
+from harness.candidate import candidate_env, candidates
+from harness.session import checklist
+from harness.training import references
+from harness.session.outcomes import TIMEOUT_MARK, build_result, result_record
+from harness.report.run_dir import OUT_ENV, RESULTS_FILE, SESSION_FILE
+from harness.session.suites import AREAS, SUITES, area_of_module, selects
 
 CANDIDATE_RESULT_ID = "candidate"
 
@@ -103,7 +106,7 @@ class HarnessSession:
         return f"harness candidate: {type(self.accelerator).__module__}.{type(self.accelerator).__qualname__}"
 
     # Tagging: area from the module's marker (checked against its file name), the method from the covers
-    # marker or the test name (harness/checklist.py).
+    # marker or the test name (harness/session/checklist.py).
     def pytest_collection_modifyitems(self, session, config, items):
         if self.candidate_error is not None:
             config.hook.pytest_deselected(items=list(items))

@@ -10,8 +10,8 @@ HARNESS_CANDIDATE_AT_START is set.
 import functools
 import os
 
-from . import candidates
-from .paths import CANDIDATE_SITE, REPO
+from harness.candidate import candidates
+from harness.paths import CANDIDATE_SITE, REPO
 
 SPEC_ENV = "HARNESS_CANDIDATE"
 AT_START_ENV = "HARNESS_CANDIDATE_AT_START"

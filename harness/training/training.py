@@ -13,9 +13,9 @@ import sys
 import time
 from pathlib import Path
 
-from . import logs, multihost
-from .candidate_env import accelerator_env
-from .launching import deepspeed_command, free_port, hostfile_command, run_in_session, single_rank_env
+from harness import logs, multihost
+from harness.candidate.candidate_env import accelerator_env
+from harness.launching import deepspeed_command, free_port, hostfile_command, run_in_session, single_rank_env
 
 
 class TrainingFailed(RuntimeError):

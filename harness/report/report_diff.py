@@ -13,7 +13,7 @@ missing or is not a report.json.
 import json
 from pathlib import Path
 
-from .report_json import FAILING, SCHEMA_VERSION, performance_is_valid
+from harness.report.report_json import FAILING, SCHEMA_VERSION, performance_is_valid
 
 
 _FAILING = FAILING + ("missed",)  # a benchmark that missed its target fails like a check

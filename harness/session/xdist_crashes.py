@@ -16,7 +16,7 @@ These are pytest-xdist issues #784, #1323, #1327 and #1378 (fixed after 3.8, unr
 dead worker's crashed check counts as done (xdist has reported it failed), only files with
 checks still to run go back on the queue, and a worker is kept at two pending checks or told to
 stop. A worker that dies between its last report and the work it is then sent (execnet: "cannot send")
-is left for remove_node. `pytest_xdist_make_scheduler` installs it for `--dist loadfile`: `-p harness.xdist_crashes`.
+is left for remove_node. `pytest_xdist_make_scheduler` installs it for `--dist loadfile`: `-p harness.session.xdist_crashes`.
 
 xdist reports the crashed check as failed in phase "???" with "worker 'gw1' crashed while running
 ...": `pytest_handlecrashitem` words it as the harness words a crash without workers, with the
@@ -27,8 +27,8 @@ import subprocess
 
 from xdist.scheduler import LoadFileScheduling
 
-from .outcomes import lost_check_message
-from .process_group import how_it_ended
+from harness.session.outcomes import lost_check_message
+from harness.child_processes import how_it_ended
 
 EXIT_WAIT_S = 5.0  # the worker's pipes have closed: its process is gone or about to be
 

@@ -9,9 +9,9 @@ activates it); every other candidate is installed here, before DeepSpeed is impo
 import os
 import sys
 
-if "HARNESS_CANDIDATE_AT_START" in os.environ:  # harness.candidate_env owns the variables; this only avoids
-    from harness import candidate_env  # importing the harness into processes that have none
-    from harness.candidates import CandidateError
+if "HARNESS_CANDIDATE_AT_START" in os.environ:  # harness.candidate.candidate_env owns the variables; this only avoids
+    from harness.candidate import candidate_env  # importing the harness into processes that have none
+    from harness.candidate.candidates import CandidateError
     if candidate_env.installs_at_start():
         try:
             candidate_env.install_current()

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import tomllib
 
-from .paths import FIXTURES, TRAINING_CASES
+from harness.paths import FIXTURES, TRAINING_CASES
 
 # The keys of an area table that are the area's own; every other key is a default for its cases.
 AREA_KEYS = ("reference", "cases")
@@ -39,7 +39,7 @@ class TrainingCase:
     def run(self, candidate, workdir, extra_args=(), timeout=600):
         """Train this case on `candidate` (None: DeepSpeed's CPU accelerator), its args followed by
         `extra_args`; a TrainingRun. The reference trains on `reference_ranks` where set, on one host."""
-        from .training import run_training
+        from harness.training.training import run_training
         ranks = self.ranks if candidate is not None or self.reference_ranks is None else self.reference_ranks
         return run_training(FIXTURES / self.script, FIXTURES / self.config, candidate, workdir,
                             world_size=ranks, steps=self.steps,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import tomllib
 
-from .paths import EXPECTATIONS
-from .suites import id_matches
+from harness.paths import EXPECTATIONS
+from harness.session.suites import id_matches
 
 
 class ExpectationsError(ValueError):

@@ -5,7 +5,7 @@ import os
 
 import tomllib
 
-from .paths import TOLERANCES
+from harness.paths import TOLERANCES
 
 
 def tolerance(precision, device=None):

@@ -22,8 +22,11 @@ Results join report.json / junit.xml / report.md as area `upstream` (verdicts: u
 import os
 from pathlib import Path
 
-from . import (candidate_env, candidates, environment, expectations, report_files, report_json, run_dir,
-               upstream_run, upstream_selection, upstream_verdicts)
+from harness import environment
+from harness.candidate import candidate_env, candidates
+from harness.report import report_files, report_json, run_dir
+from harness.session import expectations
+from harness.upstream import upstream_run, upstream_selection, upstream_verdicts
 
 PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
 SIDES = ("baseline", "candidate")

@@ -13,7 +13,7 @@ area's machinery once, so that a run takes minutes and a broken area still shows
 import re
 from pathlib import Path
 
-from .paths import CONFORMANCE
+from harness.paths import CONFORMANCE
 
 AREAS = ("interface", "launcher", "collectives", "lowering", "zero", "pipeline", "checkpoint", "graph", "scripts", "huggingface",
          "multihost")

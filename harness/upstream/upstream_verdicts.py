@@ -22,7 +22,7 @@ is reported as skipped (never as a pass), with both sides' reasons.
 
 from collections import Counter
 
-from .outcomes import build_result
+from harness.session.outcomes import build_result
 
 VERDICTS = ("both-pass", "candidate-only-pass", "regression", "candidate-skips", "candidate-only-fail",
             "both-fail", "baseline-fails", "both-skip")

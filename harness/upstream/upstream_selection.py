@@ -28,8 +28,8 @@ from pathlib import Path
 
 import tomllib
 
-from .expectations import Expectation
-from .paths import UPSTREAM_SELECTIONS
+from harness.session.expectations import Expectation
+from harness.paths import UPSTREAM_SELECTIONS
 
 
 SUBSETS = ("all", "pr")

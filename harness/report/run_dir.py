@@ -6,7 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
-from .paths import REPORTS
+from harness.paths import REPORTS
 
 # Tests point this elsewhere so that their runs do not move the repository's reports/latest.
 REPORTS_ENV = "HARNESS_REPORTS_DIR"
