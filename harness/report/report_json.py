@@ -5,7 +5,7 @@ from pathlib import Path
 
 from harness.session import checklist
 from harness.session.outcomes import build_result
-from harness.report.run_dir import RESULTS_FILE, SESSION_FILE
+from harness.session.events import RESULTS_FILE, SESSION_FILE, append_event, read_events
 from harness.session.suites import area_of_module
 
 SCHEMA_VERSION = 1
@@ -46,21 +46,6 @@ def lost_check(nodeid, methods, message):
     return build_result(nodeid, "error", message, area=area, method=method)
 
 
-def read_events(path):
-    """The records of a JSON-lines event stream (a check session's, or DeepSpeed's test session's
-    under `upstream`); none when it does not exist. A line cut short by a killed process is skipped."""
-    path = Path(path)
-    if not path.is_file():
-        return []
-    events = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            events.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return events
-
-
 def _events(parts_dir):
     return read_events(Path(parts_dir) / RESULTS_FILE)
 
@@ -69,8 +54,7 @@ def append_lost_check(parts_dir, nodeid, message):
     """Add the error result of a check whose process the orchestrator saw end (no check process could write it)."""
     session_path = Path(parts_dir) / SESSION_FILE
     methods = json.loads(session_path.read_text()).get("interface_methods", []) if session_path.is_file() else []
-    with open(Path(parts_dir) / RESULTS_FILE, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"event": "result", **lost_check(nodeid, methods, message)}) + "\n")
+    append_event(Path(parts_dir) / RESULTS_FILE, {"event": "result", **lost_check(nodeid, methods, message)})
 
 
 def progress(parts_dir):

@@ -10,10 +10,7 @@ from harness.paths import REPORTS
 
 # Tests point this elsewhere so that their runs do not move the repository's reports/latest.
 REPORTS_ENV = "HARNESS_REPORTS_DIR"
-OUT_ENV = "HARNESS_OUT"  # the run directory, for every check process of the run
-# What check processes stream into <run dir>/parts/: one JSON event per line, and the session's facts.
-RESULTS_FILE = "results.jsonl"
-SESSION_FILE = "session.json"
+OUT_ENV = "HARNESS_OUT"  # the run directory, for every check process of the run; its parts/: session/events.py
 
 
 def reports_root():

@@ -19,7 +19,8 @@ from harness.candidate import candidate_env, candidates
 from harness.session import checklist
 from harness.training import references
 from harness.session.outcomes import TIMEOUT_MARK, build_result, result_record
-from harness.report.run_dir import OUT_ENV, RESULTS_FILE, SESSION_FILE
+from harness.report.run_dir import OUT_ENV
+from harness.session.events import RESULTS_FILE, SESSION_FILE, EventStream
 from harness.session.suites import AREAS, SUITES, area_of_module, selects
 
 CANDIDATE_RESULT_ID = "candidate"
@@ -76,7 +77,8 @@ class HarnessSession:
         if self.recording:
             self.parts = Path(out) / "parts"
             self.parts.mkdir(parents=True, exist_ok=True)
-            self.stream = open(self.parts / RESULTS_FILE, "a", encoding="utf-8")
+            self.stream = EventStream(self.parts / RESULTS_FILE)
+            self._emit = self.stream.emit
             self._write_session(finished=False)
             if self.candidate_error is not None:
                 self._emit({"event": "result",
@@ -95,10 +97,6 @@ class HarnessSession:
             "exitstatus": exitstatus,
         }
         (self.parts / SESSION_FILE).write_text(json.dumps(data, indent=1))
-
-    def _emit(self, record):
-        self.stream.write(json.dumps(record, default=str) + "\n")
-        self.stream.flush()
 
     def pytest_report_header(self, config):
         if self.candidate_error:

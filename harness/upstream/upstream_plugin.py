@@ -7,12 +7,12 @@ and one result per test, streamed to the JSON-lines file named by UPSTREAM_EVENT
 they finish, so a process that is killed still leaves what it did.
 """
 
-import json
 import os
 import time
 
 import pytest
 
+from harness.session.events import EventStream
 from harness.session.outcomes import result_record
 
 UPSTREAM_EVENTS_ENV = "HARNESS_UPSTREAM_EVENTS"
@@ -23,12 +23,9 @@ class UpstreamRecorder:
     "collection_error", "start" (wall-clock time, seconds since the epoch), "result" (report.json's result), "finished"."""
 
     def __init__(self, path):
-        self.stream = open(path, "a", encoding="utf-8")
+        self.stream = EventStream(path)
         self.phases = {}
-
-    def _emit(self, record):
-        self.stream.write(json.dumps(record, default=str) + "\n")
-        self.stream.flush()
+        self._emit = self.stream.emit
 
     def pytest_collection_finish(self, session):
         self._emit({"event": "collected", "ids": [item.nodeid for item in session.items]})

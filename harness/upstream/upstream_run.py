@@ -23,7 +23,7 @@ from harness import child_processes
 from harness.session.outcomes import build_result
 from harness.launching import release_unused_shm_buffers
 from harness.paths import REPO
-from harness.report.report_json import read_events
+from harness.session.events import read_events
 from harness.upstream.upstream_plugin import UPSTREAM_EVENTS_ENV
 
 GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
