@@ -12,6 +12,9 @@ import pytest
 from junitparser import JUnitXml
 
 from harness import cli, environment
+from harness.paths import REPO
+from harness.commands import bench as bench_command
+from harness.commands import run as run_command
 from harness.report import curves, report_files, run_dir
 from harness.session import expectations, suites
 from harness.session.outcomes import result_record, status_of
@@ -74,7 +77,7 @@ FINGERPRINT = {"python": "3.11", "backend": "cpu", "device_kind": "PJRT CPU", "d
 
 
 def finish(out, expected=(), child_rc=1, interrupted=False, suite="interface", child_rcs=None):
-    return cli.finish(out=out, run_id="run-1", suite=suite, expected=list(expected), env_fingerprint=FINGERPRINT,
+    return run_command.finish(out=out, run_id="run-1", suite=suite, expected=list(expected), env_fingerprint=FINGERPRINT,
                       child_rcs=child_rcs or [child_rc], interrupted=interrupted)
 
 
@@ -249,7 +252,7 @@ def test_report_says_where_reference_curves_came_from(tmp_path):
 def test_repeated_runs_report_a_changing_check_as_flaky_never_as_a_pass(tmp_path):
     statuses = {"t_steady": ["passed"] * 3, "t_flaky": ["passed", "failed", "passed"], "t_broken": ["failed"] * 3}
     for attempt in (1, 2, 3):
-        write_parts(cli.repeat_dir(tmp_path, attempt), [
+        write_parts(run_command.repeat_dir(tmp_path, attempt), [
             result(f"{DEVICE}::{name}", runs[attempt - 1], "synchronize", message=f"{runs[attempt - 1]} in {attempt}")
             for name, runs in statuses.items()])
     report = finish(tmp_path, child_rcs=[1, 1, 1])
@@ -266,7 +269,7 @@ def test_repeated_runs_report_a_changing_check_as_flaky_never_as_a_pass(tmp_path
 
 def test_repeated_run_with_no_changes_passes(tmp_path):
     for attempt in (1, 2):
-        write_parts(cli.repeat_dir(tmp_path, attempt), [result(f"{DEVICE}::t", "passed", "synchronize")])
+        write_parts(run_command.repeat_dir(tmp_path, attempt), [result(f"{DEVICE}::t", "passed", "synchronize")])
     report = finish(tmp_path, child_rcs=[0, 0])
     assert report["summary"]["passed"] == 1 and report["summary"]["total"] == 1 and report_files.exit_status(report) == 0
 
@@ -277,7 +280,7 @@ def many_failures(count, traceback_lines=200):
                    evidence={"max_rel_err": 0.5, "note": "x" * 3000}) | {"traceback": trace} for i in range(count)]
 
 
-REPO_PATH = str(cli.REPO)
+REPO_PATH = str(REPO)
 
 
 @pytest.mark.parametrize("count", [1, 40, 400])
@@ -298,7 +301,7 @@ def test_report_md_stays_under_a_pr_comment_and_names_no_local_path(tmp_path, co
 
 def test_report_md_states_the_stack_and_the_transport(tmp_path):
     write_parts(tmp_path, [result(f"{DEVICE}::t", "passed", "synchronize")])
-    cli.finish(out=tmp_path, run_id="run-1", suite="interface", expected=[], child_rcs=[0], interrupted=False,
+    run_command.finish(out=tmp_path, run_id="run-1", suite="interface", expected=[], child_rcs=[0], interrupted=False,
                env_fingerprint={**FINGERPRINT, "deepspeed": "0.19.8", "torch": "2.9.0", "torch_xla": "2.9.0",
                                 "collective_transport": environment.collective_transport("deepspeed_xla", "cpu", {})})
     head = (tmp_path / "report.md").read_text().splitlines()[4]
@@ -316,7 +319,7 @@ def test_diff_against_an_incomplete_run_fails(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(report_with({"a": "passed", "b": "passed"})))
     (tmp_path / "new.json").write_text(json.dumps(report_with({"a": "passed"}, complete=False)))
     proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / "old.json"),
-                           str(tmp_path / "new.json")], cwd=cli.REPO, capture_output=True, text=True, timeout=120)
+                           str(tmp_path / "new.json")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "is an incomplete run" in proc.stdout and "  removed: b" in proc.stdout
 
 
@@ -327,8 +330,8 @@ def test_redaction_replaces_paths_and_the_host_name_only_where_they_stand(monkey
     # ("<tmp>/checkoutx"): those two are put where no checkout is, so the repository's own pattern is what is checked.
     monkeypatch.setattr(report_md.tempfile, "gettempdir", lambda: "/nowhere-tmp")
     monkeypatch.setattr(report_md.Path, "home", staticmethod(lambda: Path("/nowhere-home")))
-    text = f"{cli.REPO}/conformance/test_collectives.py::test_all_reduce on test, {cli.REPO}x"
-    assert report_md.redact(text) == f"<repo>/conformance/test_collectives.py::test_all_reduce on <host>, {cli.REPO}x"
+    text = f"{REPO}/conformance/test_collectives.py::test_all_reduce on test, {REPO}x"
+    assert report_md.redact(text) == f"<repo>/conformance/test_collectives.py::test_all_reduce on <host>, {REPO}x"
 
 
 def test_diff_lists_regressions_fixes_new_and_removed_checks(tmp_path):
@@ -337,7 +340,7 @@ def test_diff_lists_regressions_fixes_new_and_removed_checks(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     (tmp_path / "new.json").write_text(json.dumps(new))
     proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / "old.json"), str(tmp_path / "new.json")],
-                          cwd=cli.REPO, capture_output=True, text=True, timeout=120)
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1, proc.stderr
     lines = proc.stdout.splitlines()
     assert lines[0].endswith("2 regressions, 1 fixes, 1 new, 1 removed, 1 changed")
@@ -361,7 +364,7 @@ def test_diff_compares_the_benchmark_tables_by_their_verdicts(tmp_path):
 
     def diff(before, after):
         return subprocess.run([sys.executable, "-m", "harness", "diff", str(tmp_path / f"{before}.json"),
-                               str(tmp_path / f"{after}.json")], cwd=cli.REPO, capture_output=True, text=True,
+                               str(tmp_path / f"{after}.json")], cwd=REPO, capture_output=True, text=True,
                               timeout=120)
 
     proc = diff("old", "new")
@@ -388,7 +391,7 @@ def test_diff_of_something_that_is_not_a_report_is_one_line(tmp_path, content, r
         bad.write_text(content)
     good = tmp_path / "good.json"
     good.write_text(json.dumps(report_with({"a": "passed"})))
-    proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(bad), str(good)], cwd=cli.REPO,
+    proc = subprocess.run([sys.executable, "-m", "harness", "diff", str(bad), str(good)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and reason in proc.stderr
 
@@ -427,7 +430,7 @@ def _bench_setup(tmp_path, monkeypatch, benchmarks):
         (folder / f"{name}.py").write_text(text)
     write_parts(run_dir, [result(f"{DEVICE}::t", "passed", "synchronize")])
     finish(run_dir, child_rc=0)
-    monkeypatch.setattr(cli, "BENCHMARKS", folder)
+    monkeypatch.setattr(bench_command, "BENCHMARKS", folder)
     return run_dir
 
 
@@ -439,7 +442,7 @@ def test_bench_adds_its_tables_to_a_runs_report(tmp_path, monkeypatch):
     [table] = report["performance"]
     assert {key: table[key] for key in ("benchmark", "exit", "output", "arguments")} == {
         "benchmark": "ratio_table", "exit": 1, "output": "zero  ratio\n1     3.20x\nmissed: zero1\n", "arguments": []}
-    assert table["revision"] == environment.git_revision(cli.REPO) and table["recorded"][:4].isdigit()
+    assert table["revision"] == environment.git_revision(REPO) and table["recorded"][:4].isdigit()
     md = (run_dir / "report.md").read_text()
     shown = table["revision"][:12] + ("+dirty" if table["revision"].endswith("+dirty") else "")  # a work tree's edits show
     assert "### Performance" in md and f"({table['recorded']}, {shown}): missed a target or failed" in md

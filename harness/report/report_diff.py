@@ -14,12 +14,13 @@ import json
 from pathlib import Path
 
 from harness.report.report_json import FAILING, SCHEMA_VERSION, performance_is_valid
+from harness.usage import UsageError
 
 
 _FAILING = FAILING + ("missed",)  # a benchmark that missed its target fails like a check
 
 
-class DiffError(ValueError):
+class DiffError(UsageError):
     """A file that is not a readable report.json (bad usage)."""
 
 
@@ -82,6 +83,14 @@ def render(changes, old_path, new_path):
             arrow = f"{was or '-'} -> {now or '-'}"
             lines.append(f"  {_ONE[kind]}: {test_id} ({arrow})" + (f": {first}" if first else ""))
     return "\n".join(lines)
+
+
+def add_parser(commands):
+    """Add the `diff` subcommand and its arguments to `commands` (cli's argparse subparsers); returns its parser."""
+    diff = commands.add_parser("diff", help="regressions, fixes and new checks between two runs' report.json")
+    diff.add_argument("old", help="the earlier run's report.json (e.g. the last nightly)")
+    diff.add_argument("new", help="the later run's report.json (e.g. this pull request's)")
+    return diff
 
 
 def run(args):

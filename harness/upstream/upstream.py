@@ -27,14 +27,14 @@ from harness.candidate import candidate_env, candidates
 from harness.report import report_files, report_json, run_dir
 from harness.session import expectations
 from harness.upstream import upstream_run, upstream_selection, upstream_verdicts
+from harness.usage import PJRT_DEVICE, UsageError
 
-PJRT_DEVICE = {"cpu": "CPU", "tpu": "TPU"}
 SIDES = ("baseline", "candidate")
 _CLEARED = (*candidate_env.CANDIDATE_VARIABLES, "DS_ACCELERATOR", "PYTEST_ADDOPTS",
             "CUDA_VISIBLE_DEVICES", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
-class UpstreamUsageError(ValueError):
+class UpstreamUsageError(UsageError):
     """Bad usage of `upstream` (one line, exit 2)."""
 
 
