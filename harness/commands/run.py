@@ -17,6 +17,7 @@ from harness.paths import REPO
 from harness.report import curves, report_files, report_json, run_dir
 from harness.report.run_dir import OUT_ENV
 from harness.session import expectations, outcomes, suites
+from harness.session.resume import run_until_every_check_ran
 from harness.training import references
 from harness.usage import PJRT_DEVICE, UsageError
 
@@ -99,27 +100,30 @@ def _run_isolating_crashes(command, targets, pytest_args, env, parts):
     """Run the checks; when a check ends the child process (an abort, a segfault, a kill), record it
     as an error naming how, and start a new child on the checks not yet run.
 
-    Returns (the last child's exit code, interrupted). Each restart runs at least one check
-    fewer, so the loop ends.
+    Returns (the last child's exit code, interrupted); (0, False) when the checks that crashed were the last.
+    Each restart runs at least one check fewer, so the loop ends.
     """
-    pending = targets
-    while True:
-        returncode, interrupted = _run_child([*command, *pending, *pytest_args], env)
-        if interrupted or returncode in _FINISHED:
-            return returncode, interrupted
+    last = {}
+
+    def session(pending):
+        last["returncode"], last["interrupted"] = _run_child([*command, *pending, *pytest_args], env)
+        if last["interrupted"] or last["returncode"] in _FINISHED:
+            return None, set(), False
         collected, started, finished = report_json.progress(parts)
         crashed = [nodeid for nodeid in started if nodeid not in finished]
         if collected is None or not crashed:
-            return returncode, interrupted
+            return collected, set(started), False
+        how = child_processes.how_it_ended(last["returncode"])
         for nodeid in crashed:
-            report_json.append_lost_check(parts, nodeid,
-                                          outcomes.lost_check_message(child_processes.how_it_ended(returncode)))
-        done = set(started)
-        pending = [nodeid for nodeid in collected if nodeid not in done]
-        print(f"harness: {crashed[-1]} ended its process ({child_processes.how_it_ended(returncode)}); "
-              f"{len(pending)} check(s) left, resumed in a new process", flush=True)
-        if not pending:
-            return 0, False
+            report_json.append_lost_check(parts, nodeid, outcomes.lost_check_message(how))
+        left = len([nodeid for nodeid in collected if nodeid not in set(started)])
+        print(f"harness: {crashed[-1]} ended its process ({how}); {left} check(s) left, resumed in a new process",
+              flush=True)
+        return collected, set(started), True
+
+    if run_until_every_check_ran(session, targets):
+        return 0, False
+    return last["returncode"], last["interrupted"]
 
 
 def _relevant(expected, modules, suite):

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from harness import child_processes
 from harness.session.outcomes import build_result
+from harness.session.resume import run_until_every_check_ran
 from harness.launching import release_unused_shm_buffers
 from harness.paths import REPO
 from harness.session.events import read_events
@@ -79,8 +80,8 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
     """
     run = SideRun()
     started_at = time.monotonic()
-    pending = list(targets)
-    while pending:
+
+    def session(pending):
         run.sessions += 1
         events_path = Path(workdir) / f"{name}-{run.sessions}.jsonl"
         log_path = Path(workdir) / f"{name}-{run.sessions}.log"
@@ -137,16 +138,19 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
             for event in events:  # an interrupted test is not a result
                 if event["event"] == "start" and event["id"] not in finished:
                     run.results.pop(event["id"], None)
-            break
+            return collected, set(run.results), False
         if collected is None:  # pytest ended before collecting: nothing to resume
             if run.sessions == 1 and not run.results:
                 say(f"{name}: pytest collected nothing (exit {process.returncode}); see {log_path}")
-            break
+            return None, set(run.results), False
         if run.sessions == 1:
             run.collected = list(collected)
-        pending = [nodeid for nodeid in collected if nodeid not in run.results]
-        if pending:
+        left = [nodeid for nodeid in collected if nodeid not in run.results]
+        if left:
             say(f"{name}: session {run.sessions} ended early (exit {process.returncode}); "
-                f"resuming with the {len(pending)} test(s) not yet run")
+                f"resuming with the {len(left)} test(s) not yet run")
+        return collected, set(run.results), True
+
+    run_until_every_check_ran(session, targets)
     run.seconds = time.monotonic() - started_at
     return run
