@@ -1,13 +1,10 @@
 """DS_ACCELERATOR=xla selects XLA_Accelerator in every process that imports DeepSpeed,
 and nothing changes when it is unset or names another accelerator."""
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
+from helpers import last_json, run_python
 
 REPORT = textwrap.dedent("""
     import json, sys
@@ -19,23 +16,6 @@ REPORT = textwrap.dedent("""
         "deepspeed_xla_imported": "deepspeed_xla" in sys.modules,
     }))
 """)
-
-
-def run_python(code, accelerator, extra_env=None, script=None):
-    """Run code in a fresh interpreter (from `script` when children must re-import it)."""
-    env = {k: v for k, v in os.environ.items() if k != "DS_ACCELERATOR"}
-    if accelerator is not None:
-        env["DS_ACCELERATOR"] = accelerator
-    env.update(extra_env or {})
-    if script is not None:
-        script.write_text(code)
-    command = [sys.executable, str(script)] if script is not None else [sys.executable, "-c", code]
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-
-
-def last_json(proc):
-    assert proc.returncode == 0, f"child exited {proc.returncode}:\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_ds_accelerator_xla_selects_xla_accelerator():

@@ -9,7 +9,7 @@ import textwrap
 
 import psutil
 import pytest
-from test_harness_launching import gone_within
+from helpers import gone_within
 
 from harness.paths import BENCHMARKS, REPO
 

@@ -2,16 +2,9 @@
 interface suite with nothing unchecked, and each deliberately broken candidate under
 tests/candidates/ fails on exactly the checks for the method it breaks."""
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-CANDIDATES = REPO / "tests" / "candidates"
+from helpers import CANDIDATES, failed_ids, run_harness
 
 # candidate file:class -> the checks that must fail, and nothing else
 BROKEN = {
@@ -50,21 +43,6 @@ BROKEN = {
         "test_interface_op_builders.py::test_create_op_builder__fused_adam_optimizer",
     },
 }
-
-
-def run_harness(tmp_path, *args):
-    """(exit status, report.json or None, stderr) of `python -m harness run` in a child process."""
-    out = tmp_path / "run"
-    env = {**os.environ, "HARNESS_REPORTS_DIR": str(tmp_path / "reports")}
-    proc = subprocess.run([sys.executable, "-m", "harness", "run", "--backend", "cpu", "--out", str(out), *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=2400)
-    report_path = out / "report.json"
-    report = json.loads(report_path.read_text()) if report_path.is_file() else None
-    return proc.returncode, report, proc.stderr
-
-
-def failed_ids(report):
-    return {r["id"].removeprefix("conformance/") for r in report["results"] if r["status"] in ("failed", "error")}
 
 
 @pytest.mark.slow

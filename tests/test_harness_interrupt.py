@@ -11,7 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from test_harness_launching import alive
+from helpers import alive
 
 REPO = Path(__file__).resolve().parents[1]
 RANK_SCRIPT = str(REPO / "fixtures" / "collectives.py")

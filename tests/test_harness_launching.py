@@ -8,6 +8,7 @@ import time
 
 import psutil
 import pytest
+from helpers import alive, gone_within
 
 from harness import child_processes
 from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers, run_in_session
@@ -113,27 +114,6 @@ run_in_session([sys.executable, "-c", sys.argv[2], str(workdir / "rank.pid")], d
                workdir / "launch.log", timeout=600)
 """
 
-
-def alive(process):
-    """Whether psutil.Process `process` still runs (a zombie has ended; so has one gone since it was listed)."""
-    try:
-        return process.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
-
-
-def gone_within(pid, timeout_s):
-    """Whether process `pid` has ended, or ends within `timeout_s` seconds (polled every 0.1 s)."""
-    try:
-        process = psutil.Process(pid)
-    except psutil.NoSuchProcess:
-        return True
-    deadline = time.monotonic() + timeout_s
-    while alive(process):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 def test_a_killed_check_process_leaves_no_rank_running(tmp_path):

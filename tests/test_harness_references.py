@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from harness.paths import REPO
 from harness.training import references
 from harness.training.loss_comparison import compare_losses
-from harness.paths import REPO
 from harness.training.training_cases import training_areas, training_cases
 
 CASES = [case for area in training_areas() for case in training_cases(area)]

@@ -12,9 +12,9 @@ import pytest
 from junitparser import JUnitXml
 
 from harness import cli, environment
-from harness.paths import REPO
 from harness.commands import bench as bench_command
 from harness.commands import run as run_command
+from harness.paths import REPO
 from harness.report import curves, report_files, run_dir
 from harness.session import expectations, suites
 from harness.session.outcomes import result_record, status_of

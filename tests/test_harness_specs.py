@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from harness.session import suites
 from harness.candidate.candidate_env import child_env
 from harness.candidate.candidates import SpecError, parse_spec
+from harness.session import suites
 
 REPO = Path(__file__).resolve().parents[1]
 

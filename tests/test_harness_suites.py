@@ -11,8 +11,7 @@ these runs are the share of it that fits the tests' time on 2 cores.
 """
 
 import pytest
-
-from test_harness_candidates import CANDIDATES, failed_ids, run_harness
+from helpers import CANDIDATES, failed_ids, run_harness
 
 # run -> (suite, pytest -k selection or None, the number of checks deepspeed_xla runs there);
 # every one must pass. Long suites are split so that test workers share them.

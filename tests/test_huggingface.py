@@ -3,7 +3,7 @@ without it, nothing of theirs changes. Multi-rank Trainer and Accelerate trainin
 the conformance area `huggingface` (conformance/test_huggingface_training.py)."""
 
 import pytest
-from test_activation import last_json, run_python
+from helpers import last_json, run_python
 
 from deepspeed_xla.patches import huggingface
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from deepspeed_xla.patches import launch
 from deepspeed_xla.backend import pjrt_env
-from xla_host import tpu_topology
+from deepspeed_xla.patches import launch
 from harness.candidate.candidates import parse_spec
 from harness.launching import launch as run_launcher
 from harness.paths import FIXTURES
+from xla_host import tpu_topology
 
 GOOGLE = "0x1ae0"
 

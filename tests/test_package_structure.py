@@ -1,6 +1,6 @@
 """The packages' import structure, read from their source: no import cycle inside a package, the layers
 (conformance -> harness -> xla_host <- deepspeed_xla) never import upwards or across, and the patch table
-(deepspeed_xla/patches/__init__.py) names every patch module."""
+(deepspeed_xla/patches/__init__.py) names every patch module; tests/README.md names every test module."""
 
 import ast
 import importlib
@@ -109,3 +109,9 @@ def test_the_patch_table_names_every_patch_module_and_each_installs():
             f"{patch.module} has no install()")
     with pytest.raises(ValueError, match="unknown patch phase"):
         patches.install("engine")
+
+
+def test_the_tests_readme_names_every_test_module():
+    readme = (REPO / "tests" / "README.md").read_text()
+    unnamed = sorted(path.name for path in (REPO / "tests").glob("test_*.py") if f"`{path.name}`" not in readme)
+    assert not unnamed, f"tests/README.md does not say what these test: {unnamed}"

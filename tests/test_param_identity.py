@@ -11,10 +11,10 @@ import weakref
 import pytest
 import torch
 import torch_xla
+from helpers import last_json, run_python
 
 from deepspeed_xla.patches import param_identity
 from harness.launching import single_rank_env
-from test_activation import last_json, run_python
 
 XLA = torch_xla.device()
 

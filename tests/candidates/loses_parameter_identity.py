@@ -7,8 +7,8 @@ copies (ZeRO-0: silently wrong losses) or crash (ZeRO-1/2: `KeyError: Parameter`
 parameters after the move still train.
 """
 
-from deepspeed_xla.patches import param_identity
 from deepspeed_xla.accelerator import XLA_Accelerator
+from deepspeed_xla.patches import param_identity
 
 
 class LosesParameterIdentity(XLA_Accelerator):

@@ -3,8 +3,8 @@ value they read, as `tensor.item()` does in PyTorch/XLA: the rest of the step st
 next read, or the sync at the step's end, runs the forward and backward passes again. Every count
 of graphs and transfers stays the same; only what the graphs compute grows."""
 
-from deepspeed_xla.patches import step_graphs
 from deepspeed_xla.accelerator import XLA_Accelerator
+from deepspeed_xla.patches import step_graphs
 
 
 class ReadsWithoutCut(XLA_Accelerator):

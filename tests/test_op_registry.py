@@ -1,0 +1,32 @@
+"""DeepSpeed's op registry and `ds_report` under DS_ACCELERATOR=xla: every DeepSpeed op listed with its
+compatibility (deepspeed_xla/op_builder/)."""
+
+import textwrap
+
+from helpers import last_json, run_python
+
+
+def test_op_registry_lists_every_deepspeed_op_with_its_compatibility():
+    code = textwrap.dedent("""
+        import json
+        import deepspeed.ops
+        from deepspeed_xla.op_builder import deepspeed_builder_classes
+        names = sorted({cls.NAME for cls in deepspeed_builder_classes().values()})
+        print(json.dumps({"ops": deepspeed.ops.__compatible_ops__, "deepspeed_names": names}))
+    """)
+    result = last_json(run_python(code, "xla"))
+    ops = result["ops"]
+    missing = [name for name in result["deepspeed_names"] if name not in ops]
+    assert not missing, f"__compatible_ops__ lacks DeepSpeed ops {missing}"
+    wrong = {name: ops.get(name) for name, want in {
+        "fused_adam": True, "fused_lamb": True, "fused_lion": True, "cpu_adam": True, "cpu_adagrad": True,
+        "cpu_lion": True, "transformer": False, "transformer_inference": False, "quantizer": False}.items()
+        if ops.get(name) is not want}
+    assert not wrong, f"__compatible_ops__ under XLA has the wrong compatibility for {wrong}"
+
+
+def test_ds_report_lists_the_ops():
+    proc = run_python("from deepspeed.env_report import main; main()", "xla")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for name in ("fused_adam", "cpu_adam", "transformer_inference"):
+        assert any(line.startswith(f"{name} .") for line in proc.stdout.splitlines()), f"ds_report does not list {name}"
