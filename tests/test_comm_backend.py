@@ -83,7 +83,7 @@ def test_a_failure_says_where_each_peer_is(peer_seq, peer_op, expected):
 def test_only_a_host_bridge_group_of_several_ranks_reads_on_host(monkeypatch):
     """The step cuts its graph before a gradient reduction only where the host bridge will read the gradients:
     never without a process group, on a TPU's native group, or in a bridge group of one rank (which exchanges
-    nothing). A two-rank bridge group reads (tests/test_xla_process.py, the flattening and output-size tests)."""
+    nothing). A two-rank bridge group reads (tests/test_step_graphs.py, the flattening and output-size tests)."""
     from deepspeed_xla.comm.bridge import HostBridgeProcessGroup
     from xla_host import discovery
     assert not comm.reads_on_host()
