@@ -3,11 +3,12 @@ ranks.
 
 fixtures/collectives.py runs on the candidate under DeepSpeed's launcher
 (`deepspeed --num_gpus N`) and checks each case against its closed-form result
-(rank-dependent inputs, nccl-tests style): in-place results, AVG, views, outputs aliasing
-inputs (ZeRO-3's flat buffers), async handles, coalescing, subgroups, point to point and a
-real barrier; and misused calls (sizes, list lengths, split sizes that do not fit), which must
-be refused at once on every rank, naming the operation, leaving the group usable. One launch per world size; one check
-per case and world size, named after the case.
+(rank-dependent inputs, nccl-tests style): a sweep of each collective over dtypes and sizes,
+in-place results, AVG, views, outputs aliasing inputs (ZeRO-3's flat buffers), async handles,
+coalescing, subgroups, point to point and a real barrier; and misused calls (sizes, list
+lengths, split sizes that do not fit), which must be refused at once on every rank, naming
+the operation, leaving the group usable. One launch per world size; one check per case and
+world size, named after the case.
 """
 
 import json

@@ -50,7 +50,8 @@ CAUGHT = {
     # the fixture's cases that reduce with ReduceOp.AVG over more than one rank
     "avg_as_sum.py:AvgAsSum": ("collectives", "2ranks", {
         f"test_collectives.py::test_collective[{case}-2ranks]"
-        for case in ("all_reduce_avg", "all_reduce_strided_view", "reduce_to_root", "reduce_scatter_tensor")}),
+        for case in ("all_reduce_avg", "all_reduce_strided_view", "reduce_to_root", "reduce_scatter_tensor",
+                     "sweep_all_reduce", "sweep_reduce_scatter_tensor")}),
     # DeepSpeed's CPU FusedAdam on XLA tensors: killed by SIGSEGV
     "cpu_op_builders.py:CpuOpBuilders": ("zero", "zero0-fp32-1rank and not accum", {_zero("zero0-fp32-1rank")}),
     # Adam with L2 decay for AdamW: the loss drifts away from the reference
