@@ -10,6 +10,8 @@ arms a post-import hook (xla_host/import_hooks.py): it acts when that module loa
   DEVICE   a process that uses an XLA device, when XLA_Accelerator is built (during `import deepspeed`);
            never in the launcher parent, which only starts workers.
 Within a phase, patches install in the table's order; those that wrap the same DeepSpeed method nest in it.
+DEVICE patches come with the XLA_Accelerator class (a subclass, such as a candidate the harness checks, has them);
+PROCESS patches come with the package's activation only.
 """
 
 import importlib
@@ -36,6 +38,9 @@ PATCHES = (
           "deepspeed.launcher.runner.main, when run or imported; a TPU worker's PJRT environment at start",
           "the runner checks every host of a multi-node run before it starts anything (multinode.py), and each TPU "
           "worker process gets the per-process topology PyTorch/XLA's own spawn would give it"),
+    Patch("deepspeed_xla.patches.checkpointing", (PROCESS,),
+          "TorchCheckpointEngine.save, when its module loads",
+          "checkpoints hold host tensors, so they load on CPU (zero_to_fp32) as well as on XLA"),
     Patch("deepspeed_xla.patches.backward_guard", (PROCESS, DEVICE),
           "torch.autograd.Variable._execution_engine, when torch.autograd.variable loads",
           "autograd sizes its device queues at the first backward pass, before which XLA reports no devices: the "
@@ -44,8 +49,8 @@ PATCHES = (
           "deepspeed.accelerator.real_accelerator's accelerator, when that module loads",
           "DeepSpeed binds its op builders to the accelerator it picks during its own import"),
     Patch("deepspeed_xla.patches.huggingface", (PROCESS,),
-          "transformers' and Accelerate's torch_xla detection, Trainer's bf16 check, Accelerate's PartialState "
-          "backend and device, when each module loads",
+          "transformers' and Accelerate's torch_xla detection, TrainingArguments' bf16 check, transformers' hub "
+          "kernels, Accelerate's PartialState backend and device, when each module loads",
           "left alone, both libraries take torch_xla's own mode (a world of 1 per process on PJRT CPU) over "
           "DeepSpeed's"),
     Patch("deepspeed_xla.backend.op_fixes", (DEVICE,),
@@ -79,11 +84,10 @@ PATCHES = (
     Patch("deepspeed_xla.patches.host_reads", (DEVICE,),
           "deepspeed.runtime.utils' overflow, inf/NaN and gradient-norm checks, when the engine module loads",
           "the same answers with fewer graph executions and host transfers per step"),
-    Patch("deepspeed_xla.patches.checkpointing", (DEVICE,),
-          "TorchCheckpointEngine.save, when its module loads; DeepSpeedEngine._get_shared_params, when the "
-          "engine module loads",
-          "checkpoints hold host tensors (they load on CPU too), and tied parameters are told by identity where "
-          "XLA tensors have no address"),
+    Patch("deepspeed_xla.patches.shared_params", (DEVICE,),
+          "DeepSpeedEngine._get_shared_params, when the engine module loads",
+          "XLA tensors have no address (data_ptr() is 0), so DeepSpeed recorded every parameter as tied to the "
+          "first; tied parameters are told by identity"),
 )
 
 PHASES = (PROCESS, DEVICE)
