@@ -373,3 +373,14 @@ def test_optimizer_kernels_update_their_buffers_in_place(tmp_path, kernel):
     assert copies and all(count == needed for count in copies), (
         f"{kernel}: the graphs of three optimizer steps copy a whole buffer {copies} times (per graph), where "
         f"{needed} is needed; each update is written into the buffer it replaces")
+
+
+def test_the_host_bridge_asks_the_step_policy_before_it_reads_operands():
+    """The bridge's cut before a collective's read (comm.set_before_operands_read) is wired once DeepSpeed's engine
+    loads. No two-rank graph test here fails without it (the reductions cut before the bridge reads), so its wiring
+    is checked directly."""
+    code = ("import json, deepspeed\n"
+            "from deepspeed_xla import comm\n"
+            "from deepspeed_xla.patches import step_graphs\n"
+            "print(json.dumps(comm._before_operands_read is step_graphs.cut_before_collective_read))")
+    assert last_json(run_python(code, "xla")) is True

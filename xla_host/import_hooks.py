@@ -72,18 +72,16 @@ def wrap_once(owner, name, wrap):
     setattr(owner, name, wrapper)
 
 
-_armed = {}  # module name -> the hook in sys.meta_path for it, which also runs the hooks armed after it
-
-
 def arm(hook):
-    """Put `hook` in place for this process, once; if its module is already loaded, act now."""
+    """Put `hook` in place for this process, once; if its module is already loaded, act now. A hook for a module
+    that another hook in sys.meta_path already waits for runs after that one."""
     loaded = sys.modules.get(hook.module_name)
     if loaded is not None:
         hook.on_loaded(loaded)  # it ran before the hook could see it: do now what the hook would have done
         return
-    first = _armed.get(hook.module_name)
-    if first is None or first not in sys.meta_path:
-        _armed[hook.module_name] = hook
+    first = next((finder for finder in sys.meta_path
+                  if isinstance(finder, PostImportHook) and finder.module_name == hook.module_name), None)
+    if first is None:
         sys.meta_path.insert(0, hook)
     elif hook is not first and hook not in first._followers:
         first._followers.append(hook)

@@ -85,6 +85,23 @@ def reads_on_host(group=None):
     return isinstance(group, HostBridgeProcessGroup) and group.reads_on_host
 
 
+_before_operands_read = None  # set_before_operands_read's callback
+
+
+def set_before_operands_read(callback):
+    """Have `callback()` called once by each host-bridge collective, before it reads operands of which any is an XLA
+    tensor to the host (None: nothing is called). The engine-step policy (patches/step_graphs.py) cuts the pending
+    graph there inside engine.backward()."""
+    global _before_operands_read
+    _before_operands_read = callback
+
+
+def before_operands_read():
+    """Called by the host bridge before it reads XLA operands: runs set_before_operands_read's callback, if any."""
+    if _before_operands_read is not None:
+        _before_operands_read()
+
+
 def register_backend():
     """Make `BACKEND_NAME` known to torch.distributed (idempotent)."""
     if BACKEND_NAME in dist.Backend.backend_list:

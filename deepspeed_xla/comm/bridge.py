@@ -12,7 +12,7 @@ Semantics kept exactly as torch.distributed specifies them:
   gathers into a flat buffer whose shard is the input): every operand is read to the
   host before any result is written;
 * before the operands are read, a callback the engine-step policy sets
-  (`set_before_operands_read`, patches/step_graphs.py) may cut the pending graph, so that inside
+  (`comm.set_before_operands_read`, patches/step_graphs.py) may cut the pending graph, so that inside
   DeepSpeed's backward pass what the rest of the step needs is computed once with them;
 * every call completes before it returns; the work handle it gives back is already
   done, which satisfies both sync and `async_op=True` callers (wait(), is_completed(),
@@ -36,27 +36,16 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions
 
 from ..backend import runtime
-from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments
+from . import BACKEND_NAME, TIMEOUT_ENV, CollectiveError, arguments, before_operands_read
 from .host_buffers import HostBufferPool
 from .process_group import XlaProcessGroupBase, completed_work
-
-
-_before_operands_read = None  # set_before_operands_read's callback
-
-
-def set_before_operands_read(callback):
-    """Have `callback()` called once by each collective, before it reads operands of which any is an XLA tensor
-    to the host (None: nothing is called). The engine-step policy (patches/step_graphs.py) cuts the pending graph
-    there inside engine.backward()."""
-    global _before_operands_read
-    _before_operands_read = callback
 
 
 def _cut_before_reading(operands):
     """Called once by each collective before it reads its operands with _host (once per collective: every further
     cut would be an empty sync, which still scans the live tensors and advances the RNG seed)."""
-    if _before_operands_read is not None and any(tensor.device.type != "cpu" for tensor in operands):
-        _before_operands_read()
+    if any(tensor.device.type != "cpu" for tensor in operands):
+        before_operands_read()
 
 
 # This process's staging buffers: operand copies and result buffers, reused across collectives.

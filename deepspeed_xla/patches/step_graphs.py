@@ -13,7 +13,7 @@ graph where the engine needs a value, as PyTorch/XLA's own loops mark a step bef
     Inside `step()` after a backward pass whose gradient reduction began with a cut, a read computes
     only what it reads: a cut would write out the `.grad` views the step frees unread;
   - inside `engine.backward()`, the host bridge (PJRT CPU's transport) cuts the pending graph before
-    it reads a collective's operands (`bridge.set_before_operands_read`): pending there are the
+    it reads a collective's operands (`comm.set_before_operands_read`): pending there are the
     forward and backward passes, which every later read would run again. Inside `step()` the bridge
     reads only what the operand needs, which the optimizer's graph fuses;
   - inside `engine.backward()`, where the data-parallel group's collectives read on the host, the
@@ -42,7 +42,6 @@ from xla_host.import_hooks import PostImportHook, arm, wrap_once
 
 from .. import comm
 from ..backend import DEVICE_TYPE, op_fixes, runtime
-from ..comm import bridge
 from . import DEEPSPEED_ENGINE
 
 _in_engine_call = 0  # depth of engine.backward()/step() calls on this process's XLA device
@@ -187,7 +186,7 @@ def _patch(engine_module):
     for optimizer, name in ((DeepSpeedZeroOptimizer, "reduce_ipg_grads"),
                             (DeepSpeedZeroOptimizer_Stage3, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads")):
         wrap_once(optimizer, name, _cut_before_reduction(lambda optimizer: optimizer.dp_process_group))
-    bridge.set_before_operands_read(cut_before_collective_read)
+    comm.set_before_operands_read(cut_before_collective_read)
 
 
 _HOOK = PostImportHook(DEEPSPEED_ENGINE, _patch)
