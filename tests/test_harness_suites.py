@@ -27,7 +27,7 @@ REFERENCE_RUNS = {
     # stages 0-3, accumulation + activation checkpointing, ZeRO-3 without contiguous gradients
     "zero-2ranks-fp32": ("zero", "2rank and fp32", 6),
     "scripts-1rank-zero3": ("scripts", "1rank and zero3", 7),
-    "collectives": ("collectives", None, 2 * 41),  # fixtures/collectives.py cases at 2 and 4 ranks
+    "collectives": ("collectives", None, 2 * 42),  # fixtures/collectives.py cases at 2 and 4 ranks
 }
 
 

@@ -116,6 +116,27 @@ def test_a_hung_test_is_stopped_in_bounded_time_and_the_run_goes_on(tmp_path, tr
     assert run.seconds < 60 and processes_under(tree) == []
 
 
+def test_an_entry_with_marks_runs_in_a_session_of_its_own_under_them(tmp_path, tree):
+    # the tree's pytest.ini leaves out tests marked inference_ops, as DeepSpeed's does
+    path = tmp_path / "selection.toml"
+    path.write_text(f"[[tests]]\npath = '{BASICS}'\nids = ['test_runs_in_the_session']\n"
+                    "[[tests]]\npath = 'unit/ops/test_marked.py'\nmarks = ' inference_ops '\n")
+    groups = upstream_selection.load(path).sessions()
+    assert groups == [("", [f"{BASICS}::test_runs_in_the_session"]), ("inference_ops", ["unit/ops/test_marked.py"])]
+    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
+    said = []
+    run = upstream_run.run_side_sessions(name="baseline", groups=groups, tests_dir=tree / "tests", pytest_args=[],
+                                         env=env, workdir=tmp_path, timeout_s=60, say=said.append)
+    assert {nodeid: r["status"] for nodeid, r in run.results.items()} == {
+        f"{BASICS}::test_runs_in_the_session": "passed", "unit/ops/test_marked.py::test_marked_kernel": "passed"}, said
+    assert run.sessions == 2 and (tmp_path / "baseline-2-1.jsonl").is_file()
+    # without its marks the entry runs under the tree's default expression, which leaves the marked test out
+    plain = upstream_run.run_side_sessions(name="plain", groups=[("", ["unit/ops/test_marked.py"])],
+                                           tests_dir=tree / "tests", pytest_args=[], env=env, workdir=tmp_path,
+                                           timeout_s=60, say=said.append)
+    assert list(plain.results) == ["unit/ops/test_marked.py::test_unmarked"]
+
+
 @pytest.mark.parametrize("baseline, candidate, verdict, status", [
     ("passed", "passed", "both-pass", "passed"),
     ("skipped", "passed", "candidate-only-pass", "passed"),
@@ -146,6 +167,7 @@ def test_verdicts(baseline, candidate, verdict, status):
     ("[[tests]]\npath = 'unit/t.py'\n[[known]]\nid = 'unit/t.py::*'\nreason = 'r'\n", "known #1 lacks link"),
     ("[[tests]\n", "not valid TOML"),
     ("[[tests]]\npath = 'unit/t.py'\npr = 'yes'\n", "tests #1: pr must be true or false"),
+    ("[[tests]]\npath = 'unit/t.py'\nmarks = 1\n", "tests #1: marks must be a pytest marker expression"),
     ("[[tests]]\npath = 'unit/t.py'\n[[known]]\nid = 'x'\nreason = 'r'\nlink = 'l'\nfp16 = 1\n", "known #1: fp16 must be"),
 ])
 def test_selection_errors_are_one_line(tmp_path, text, reason):

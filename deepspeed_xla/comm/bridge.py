@@ -310,7 +310,8 @@ class HostBridgeProcessGroup(XlaProcessGroupBase):
     def _gather_hosts(self, input, name):
         """Every rank's value of `input`, in rank order, as one flat host tensor (an all-gather). The
         caller has cut before reading (_cut_before_reading)."""
-        host_input = _host(input, read_only=True)
+        # gloo wants the input flat like the output: it compares the input's shape with each rank's chunk.
+        host_input = _host(input, read_only=True).reshape(-1)
         flat = _host_empty(host_input, self.size() * host_input.numel())
         self._run(name, lambda: self._gloo._allgather_base(flat, host_input))
         return flat

@@ -4,10 +4,11 @@ XLA compiles whole graphs from torch ops, so there is nothing to build:
 1. Kernels DeepSpeed's on-device optimizers load (FusedAdam, FusedLamb, FusedLion) are
    torch-native implementations of the same update (`torch_native.py`), traced into the
    step graph like any other op. Configs naming Adam/AdamW/Lamb/Lion therefore run on XLA
-   without compiling anything, and compute what the CUDA kernels compute.
+   without compiling anything, and compute what the CUDA kernels compute. ZeRO++'s
+   quantizer (`quantizer.py`) is torch-native the same way.
 2. Host-side kernels (CPU Adam/Adagrad/Lion for optimizer offload, async I/O, pinned
    memory) work on host tensors: DeepSpeed's own CPU builders serve them unchanged.
-3. Everything else (CUDA-only kernels: transformer inference, quantizers, ...) gets a
+3. Everything else (CUDA-only kernels: transformer inference, FP quantizers, ...) gets a
    builder that reports itself incompatible and whose load() says why, by name. It keeps
    the op name DeepSpeed's own builder has ("transformer", "quantizer", ...).
 
@@ -23,7 +24,7 @@ import pkgutil
 
 from deepspeed.ops.op_builder.builder import OpBuilder
 
-from . import torch_native
+from . import quantizer, torch_native
 
 
 class _NothingToCompile(OpBuilder):
@@ -74,6 +75,17 @@ class FusedLambBuilder(TorchNativeBuilder):
     MODULE = torch_native.fused_lamb
 
 
+class QuantizerBuilder(TorchNativeBuilder):
+    """DeepSpeed's quantizer kernels for ZeRO++ (quantized weights and gradients) as torch ops (`quantizer.py`)."""
+    BUILD_VAR = "DS_BUILD_QUANTIZER"
+    NAME = "quantizer"
+    MODULE = quantizer
+
+    def absolute_name(self):
+        """OpBuilder's import path of the op: the torch-native module quantizer.py."""
+        return quantizer.__name__
+
+
 class NotAvailableOnXlaBuilder(_NothingToCompile):
     """A CUDA-only kernel: incompatible, and load() names it."""
     BUILD_VAR = "DS_BUILD_NOT_AVAILABLE_ON_XLA"
@@ -93,7 +105,7 @@ class NotAvailableOnXlaBuilder(_NothingToCompile):
                            "Use a config that does not need it (e.g. a torch optimizer) on XLA devices.")
 
 
-_TORCH_NATIVE = {cls.__name__: cls for cls in (FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder)}
+_TORCH_NATIVE = {cls.__name__: cls for cls in (FusedAdamBuilder, FusedLambBuilder, FusedLionBuilder, QuantizerBuilder)}
 _HOST_SIDE = ("CPUAdamBuilder", "CPUAdagradBuilder", "CPULionBuilder", "AsyncIOBuilder", "PinMemoryBuilder")
 _NOT_AVAILABLE = {}
 

@@ -116,15 +116,17 @@ def run(args):
     pytest_args = [*(["-k", args.keyword] if args.keyword else []),
                    *(["-n", str(args.workers)] if args.workers else [])]
     missing = selection.missing_files(tests_dir)
-    targets = [t for entry in selection.entries if entry.path not in missing for t in entry.targets]
+    groups = selection.sessions(missing)
+    targets = [target for _, group in groups for target in group]
     _say(f"upstream: {len(targets)} target(s) from {selection.path.name}"
          + (f" (subset {selection.subset})" if selection.subset != "all" else "") + f" in {tests_dir}, "
          f"candidate {spec.text} vs DeepSpeed's CPU accelerator -> {out}")
     sides, interrupted = {}, False
     for side in SIDES:
         _say(f"upstream: {side} ({'DS_ACCELERATOR=cpu' if side == 'baseline' else spec.text})")
-        sides[side] = upstream_run.run_side(name=side, tests_dir=tests_dir, targets=targets, pytest_args=pytest_args,
-                                            env=envs[side], workdir=parts, timeout_s=args.timeout, say=_say)
+        sides[side] = upstream_run.run_side_sessions(name=side, tests_dir=tests_dir, groups=groups,
+                                                     pytest_args=pytest_args, env=envs[side], workdir=parts,
+                                                     timeout_s=args.timeout, say=_say)
         counts = upstream_verdicts.side_counts(sides[side].results)
         _say(f"upstream: {side}: {_counts_text(counts)} in {sides[side].seconds:.0f} s")
         if sides[side].interrupted:

@@ -154,3 +154,22 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
     run_until_every_check_ran(session, targets)
     run.seconds = time.monotonic() - started_at
     return run
+
+
+def run_side_sessions(*, name, groups, pytest_args, **kwargs):
+    """run_side for each (marks, targets) of `groups` (Selection.sessions), in order, the ones with marks under
+    `-m marks` (which replaces DeepSpeed's default marker expression); one SideRun of them all. A group's files are
+    named <name>-<n> (n from 2) when it is not the first; an interrupted group ends the side."""
+    total = SideRun()
+    for number, (marks, targets) in enumerate(groups, 1):
+        part = run_side(name=name if number == 1 else f"{name}-{number}", targets=targets,
+                        pytest_args=[*pytest_args, *(["-m", marks] if marks else [])], **kwargs)
+        total.results.update(part.results)
+        total.collected += part.collected
+        total.sessions += part.sessions
+        total.stopped += part.stopped
+        total.seconds += part.seconds
+        if part.interrupted:
+            total.interrupted = True
+            break
+    return total

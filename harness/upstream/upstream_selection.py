@@ -10,6 +10,10 @@ release line it was chosen for:
     ids = ["TestInit", "TestDistAllReduce"] # optional: only these node ids under path (path::id)
     why = "what the file exercises"         # optional
     pr = true                               # optional: also in the pull-request subset (`--subset pr`)
+    marks = "inference_ops"                 # optional: run in a session of its own with `-m marks`, in place
+                                            # of DeepSpeed's default (pytest.ini's addopts leave out tests marked
+                                            # sequential, nightly, inference_ops, ...; DeepSpeed's CI runs those
+                                            # in sessions of their own the same way)
 
     [[known]]                               # a difference of the candidate from the baseline
     id = "unit/comm/test_dist.py::TestDistInit::*"   # `*` matches anything
@@ -42,11 +46,13 @@ class SelectionError(ValueError):
 @dataclass(frozen=True)
 class Entry:
     """One [[tests]] entry: a test file `path` relative to DeepSpeed's tests/, optionally only the node `ids` under it,
-    `why` it is selected, and whether the pull-request subset runs it (`pr`)."""
+    `why` it is selected, whether the pull-request subset runs it (`pr`), and the pytest marker expression its session
+    runs with (`marks`; "" for DeepSpeed's default)."""
     path: str
     ids: tuple = ()
     why: str = ""
     pr: bool = False
+    marks: str = ""
 
     @property
     def targets(self):
@@ -90,6 +96,15 @@ class Selection:
         if not entries:
             raise SelectionError(f"{self.path}: no [[tests]] entry has pr = true (the pull-request subset is empty)")
         return dataclasses.replace(self, entries=entries, subset=subset)
+
+    def sessions(self, missing=()):
+        """[(marks, targets)]: the targets of the entries whose path is not in `missing`, one group per marker
+        expression (DeepSpeed's default, "", first), each in file order; a side runs a pytest session per group."""
+        groups = {"": []}
+        for entry in self.entries:
+            if entry.path not in missing:
+                groups.setdefault(entry.marks, []).extend(entry.targets)
+        return [(marks, targets) for marks, targets in groups.items() if targets]
 
     def stale_entries(self, nodeids):
         """Entries none of whose targets produced a test in `nodeids` (renamed or removed upstream)."""
@@ -139,8 +154,11 @@ def load(path):
             raise SelectionError(f"{where} lacks path")
         if Path(entry["path"]).is_absolute() or ".." in Path(entry["path"]).parts:
             raise SelectionError(f"{where}: path must be relative to DeepSpeed's tests/ directory")
+        marks = entry.get("marks", "")
+        if not isinstance(marks, str):
+            raise SelectionError(f"{where}: marks must be a pytest marker expression (a string)")
         entries.append(Entry(entry["path"], _strings(entry.get("ids", []), where), entry.get("why", ""),
-                             _flag(entry, "pr", where)))
+                             _flag(entry, "pr", where), marks.strip()))
     if not entries:
         raise SelectionError(f"{path}: selects no tests (add [[tests]] entries with a path)")
     known, fp16 = [], []
