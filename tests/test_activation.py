@@ -9,9 +9,10 @@ from helpers import last_json, run_python
 REPORT = textwrap.dedent("""
     import json, sys
     import deepspeed
-    from deepspeed.accelerator import get_accelerator
+    from deepspeed.accelerator import get_accelerator, is_current_accelerator_supported
     print(json.dumps({
         "accelerator": type(get_accelerator()).__name__,
+        "supported": is_current_accelerator_supported(),
         "torch_xla_imported": "torch_xla" in sys.modules,
         "deepspeed_xla_imported": "deepspeed_xla" in sys.modules,
     }))
@@ -22,6 +23,8 @@ def test_ds_accelerator_xla_selects_xla_accelerator():
     result = last_json(run_python(REPORT, "xla"))
     assert result["accelerator"] == "XLA_Accelerator", (
         f"with DS_ACCELERATOR=xla, `import deepspeed` gave {result['accelerator']}: the start-up hook did not act")
+    # DeepSpeed's test helpers (skip_on_arch) assert this before running a test on any accelerator but CUDA
+    assert result["supported"], "is_current_accelerator_supported() is false with the XLA accelerator installed"
 
 
 @pytest.mark.parametrize("first", ["deepspeed_xla.accelerator", "deepspeed_xla.op_builder",

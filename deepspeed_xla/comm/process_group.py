@@ -39,6 +39,19 @@ class XlaProcessGroupBase(ProcessGroup):
         """c10d ProcessGroup: the name the backend is registered under."""
         return BACKEND_NAME
 
+    # c10d keeps a group's name in the backends registered on it, and a group of an extended-API backend such as
+    # this one is its own backend, with none registered: `group.group_name` raised "ProcessGroup name not set",
+    # and DeviceMesh.from_group (DeepSpeed's meshes, patches/device_mesh.py) reads it. The group keeps the name
+    # torch.distributed gives it, which resolves back to it (`_resolve_process_group`).
+    def _set_group_name(self, name):
+        """c10d ProcessGroup: torch.distributed names the group when it registers it."""
+        self._name = name
+
+    @property
+    def group_name(self):
+        """The name torch.distributed registered this group under."""
+        return self._name
+
     def _global_rank(self, group_rank):
         """The world rank of `group_rank` (c10d passes roots and peers relative to the group)."""
         return self._global_ranks[group_rank]

@@ -46,8 +46,9 @@ PATCHES = (
           "autograd sizes its device queues at the first backward pass, before which XLA reports no devices: the "
           "runtime starts first (DEVICE too: for an accelerator built without activation)"),
     Patch("deepspeed_xla.patches.accelerator_selection", (PROCESS,),
-          "deepspeed.accelerator.real_accelerator's accelerator, when that module loads",
-          "DeepSpeed binds its op builders to the accelerator it picks during its own import"),
+          "deepspeed.accelerator.real_accelerator's accelerator and SUPPORTED_ACCELERATOR_LIST, when that module loads",
+          "DeepSpeed binds its op builders to the accelerator it picks during its own import, and answers "
+          "is_current_accelerator_supported() from that list"),
     Patch("deepspeed_xla.patches.huggingface", (PROCESS,),
           "transformers' and Accelerate's torch_xla detection, TrainingArguments' bf16 check, transformers' hub "
           "kernels, Accelerate's PartialState backend and device, when each module loads",
@@ -88,6 +89,10 @@ PATCHES = (
           "DeepSpeedEngine._get_shared_params, when the engine module loads",
           "XLA tensors have no address (data_ptr() is 0), so DeepSpeed recorded every parameter as tied to the "
           "first; tied parameters are told by identity"),
+    Patch("deepspeed_xla.patches.device_mesh", (DEVICE,),
+          "deepspeed.comm.torch.TorchBackend.init_device_mesh, when that module loads",
+          "PyTorch gives a DeviceMesh of device type xla no process groups, so configs with a data and sequence "
+          "parallel mesh (Ulysses) stopped in deepspeed.initialize; the mesh is built from groups made for it"),
 )
 
 PHASES = (PROCESS, DEVICE)

@@ -6,6 +6,10 @@ op builders to the accelerator it gets then, so the accelerator must be in place
 post-import hook on that one module sets it. In the launcher parent (launch.is_launcher_parent) the
 accelerator answers host-side questions only and the XLA backend is not loaded; in every other
 process the backend loads first (workers must load it before DeepSpeed touches a device).
+
+The same hook adds the device name, "xla", to DeepSpeed's SUPPORTED_ACCELERATOR_LIST, which
+`is_current_accelerator_supported()` reads: with the accelerator installed, DeepSpeed supports it.
+DeepSpeed's own test helpers (`skip_on_arch`) assert that answer before they run a test.
 """
 
 import sys
@@ -26,6 +30,8 @@ def _set_accelerator(module):
     except ValueError as err:  # a DS_XLA_* setting that makes no sense: one line, not a traceback
         raise SystemExit(f"deepspeed_xla: {err}") from None
     module.set_accelerator(accelerator)
+    if accelerator.device_name() not in module.SUPPORTED_ACCELERATOR_LIST:
+        module.SUPPORTED_ACCELERATOR_LIST.append(accelerator.device_name())
 
 
 _HOOK = PostImportHook(REAL_ACCELERATOR, _set_accelerator)
