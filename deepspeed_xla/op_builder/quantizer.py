@@ -17,8 +17,9 @@ return, with the kernels' arithmetic, so every rank agrees with a CUDA rank on t
 
 Arithmetic is in float32 whatever the input dtype (the CUDA kernels read fp16, which
 `CUDAQuantizer` converts to, and sum fp16 in `quantized_reduction`; here that sum is float32).
-Only the ZeRO++ kernels are here: MoQ's in-place fake quantizers (`ds_quantize_*`) and LoCo's
-error-feedback kernels (`loco_*`) raise NotImplementedError naming the config that needs them.
+Only the kernels ZeRO++ calls are here: the CUDA module's in-place fake quantizers (`ds_quantize_*`, MoQ's and
+the compression library's) and LoCo's error-feedback kernels (`loco_*`) serve features DeepSpeed has removed, and
+raise NotImplementedError saying so.
 """
 
 import enum
@@ -179,20 +180,15 @@ def quantized_reduction(input_vals, input_scales, in_groups, out_groups, num_bit
     return [data.reshape(shape), params]
 
 
-_FAKE_QUANTIZATION = "MoQ's and compression's fake quantization (\"quantize_training\", \"compression_training\")"
-_NOT_HERE = (
-    ("ds_quantize", _FAKE_QUANTIZATION),
-    ("ds_sr_quantize", _FAKE_QUANTIZATION),
-    ("loco_", "ZeRO++ LoCo's error feedback (\"zeropp_loco_param\")"),
-    ("dequantize_int", "the experimental int4/int8-to-half dequantizers"),
-)
+# Other functions of the CUDA module serve features DeepSpeed 0.19.8 has removed (MoQ and the compression library's
+# fake quantization, ZeRO++ LoCo) or experimental dequantizers nothing in DeepSpeed calls.
+_NOT_HERE = ("ds_quantize", "ds_sr_quantize", "loco_", "dequantize_int")
 
 
 def __getattr__(name):
-    for prefix, feature in _NOT_HERE:
-        if name.startswith(prefix):
-            raise NotImplementedError(
-                f"DeepSpeed's quantizer kernel '{name}' has no XLA implementation: deepspeed_xla provides the ZeRO++ "
-                f"kernels (quantize, dequantize, swizzle_quant, quantized_reduction), not {feature}. "
-                "Leave that feature off on XLA devices.")
+    if name.startswith(_NOT_HERE):
+        raise NotImplementedError(
+            f"DeepSpeed's quantizer kernel '{name}' has no XLA implementation: deepspeed_xla provides the kernels "
+            "ZeRO++ calls (quantize, dequantize, dequantize_fp32, swizzle_quant, quantized_reduction); MoQ, the "
+            "compression library and LoCo, which used the others, are gone from DeepSpeed.")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
