@@ -4,7 +4,7 @@ ZeRO++ loads the CUDA module `quantizer` for quantized weights (`zero_quantized_
 `CUDAQuantizer`: `quantize` and `dequantize` around ZeRO-3's parameter all-gather) and quantized
 gradients (`zero_quantized_gradients`, `all_to_all_quant_reduce` across nodes: `swizzle_quant`,
 `quantized_reduction`, `dequantize`). These functions take and return what the CUDA kernels take and
-return, with the kernels' arithmetic, so every rank agrees with a CUDA rank on the bytes it sends:
+return, in the kernels' layout and with their arithmetic:
 
 - groups: a tensor of N elements quantized in G groups is G consecutive runs of N/G elements, each with
   its own parameters (float32, shape [G, 1]: 1/scale; asymmetric [G, 2]: 1/scale, offset).
@@ -15,8 +15,14 @@ return, with the kernels' arithmetic, so every rank agrees with a CUDA rank on t
 - 4 bits: two values a byte, the first in the high nibble (the CUDA kernels' `PackedInt4`), so the
   last dimension of a quantized tensor is half the input's.
 
-Arithmetic is in float32 whatever the input dtype (the CUDA kernels read fp16, which
-`CUDAQuantizer` converts to, and sum fp16 in `quantized_reduction`; here that sum is float32).
+Arithmetic is in float32 whatever the input dtype (the CUDA kernels read fp16, which `CUDAQuantizer`
+converts to). Where the results differ from the CUDA kernels':
+- `quantized_reduction` sums in float32, the kernel in fp16 (rounding each term, and able to overflow), so a
+  sum's scale can differ by a few ulps;
+- an asymmetric group's range is its own values' (the kernels count the zeros that pad a group which does
+  not fill its threads, so a group of positive values gets min 0 there); ZeRO++ quantizes symmetrically;
+- a NaN makes its group's scale NaN (the kernels' max skips it);
+- asymmetric dequantization multiplies and adds with two roundings (the kernel's FMA one: 1 ulp).
 Only the kernels ZeRO++ calls are here: the CUDA module's in-place fake quantizers (`ds_quantize_*`, MoQ's and
 the compression library's) and LoCo's error-feedback kernels (`loco_*`) serve features DeepSpeed has removed, and
 raise NotImplementedError saying so.
