@@ -1,5 +1,6 @@
 """Op builders for XLA (builder.py: the rule that decides what DeepSpeed gets when it asks
-for a kernel; torch_native.py: the optimizer kernels; quantizer.py: ZeRO++'s quantizer kernels; registry.py: every builder DeepSpeed knows).
+for a kernel; torch_native.py: the optimizer kernels; quantizer.py: ZeRO++'s quantizer kernels; registry.py: every
+builder DeepSpeed knows).
 
 DeepSpeed binds its op builders while it is being imported, asking the accelerator for them
 (builder.py). A script that imports this package before DeepSpeed would have DeepSpeed ask
