@@ -1,5 +1,6 @@
-"""What a PJRT CPU rank gets from the host (deepspeed_xla/backend/host_memory.py, core_binding.py): freed device
-buffers stay with the process, each local rank runs on its own cores, bad settings are refused in one line."""
+"""What a PJRT CPU rank gets from the host (deepspeed_xla/backend/host_memory.py, core_binding.py, cpu_compile.py):
+freed device buffers stay with the process, each local rank runs on its own cores, XLA compiles its kernels without
+LLVM's optimizations, bad settings are refused in one line."""
 
 import os
 import subprocess
@@ -9,7 +10,7 @@ import textwrap
 import pytest
 from helpers import last_json, run_python
 
-from deepspeed_xla.backend import core_binding, host_memory
+from deepspeed_xla.backend import core_binding, cpu_compile, host_memory
 
 
 def test_freed_device_buffers_stay_with_the_process_on_pjrt_cpu():
@@ -152,3 +153,37 @@ def test_a_bad_bind_cores_setting_is_refused_in_one_line():
     proc = run_python("import deepspeed", "xla", {"DS_XLA_BIND_CORES": "numa", "PJRT_DEVICE": "CPU"})
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert "DS_XLA_BIND_CORES='numa'" in proc.stderr, proc.stderr[-2000:]
+
+
+VECTORIZED_KERNELS = textwrap.dedent("""
+    import glob, json, re, sys, torch, deepspeed
+    from deepspeed.accelerator import get_accelerator
+    x = torch.linspace(-1, 1, 4096, device=get_accelerator().device_name())
+    float(((x * 3 + 1).tanh()).sum())
+    # XLA's CPU backend writes each fused kernel's LLVM IR after LLVM's passes: a loop LLVM vectorized at
+    # level 3 works on <N x float> values; at level 0 LLVM leaves the scalar loop XLA emitted.
+    kernels = glob.glob(sys.argv[1] + "/*tanh*ir-with-opt.ll")
+    print(json.dumps({"kernels": len(kernels),
+                      "vector_ops": sum(len(re.findall(r"<\\d+ x float>", open(k).read())) for k in kernels)}))
+""")
+
+
+@pytest.mark.parametrize("level,vectorized", [(None, False), ("3", True)], ids=["default", "user-level-3"])
+def test_a_rank_compiles_without_llvm_optimizations_unless_the_user_sets_a_level(tmp_path, level, vectorized):
+    flags = f"--xla_dump_to={tmp_path}" + (f" --xla_backend_optimization_level={level}" if level else "")
+    proc = run_python(VECTORIZED_KERNELS.replace("sys.argv[1]", repr(str(tmp_path))), "xla",
+                      {"PJRT_DEVICE": "CPU", "XLA_FLAGS": flags})
+    report = last_json(proc)
+    assert report["kernels"] >= 1, f"{report}: XLA wrote no LLVM IR for the tanh kernel under {tmp_path}"
+    assert (report["vector_ops"] > 0) is vectorized, (
+        f"{report}: with XLA_FLAGS={flags!r} the rank's kernel was {'' if report['vector_ops'] else 'not '}vectorized "
+        f"by LLVM; expected {'level 3 (the user' + chr(39) + 's)' if level else 'level 0 (cpu_compile.py)'}")
+
+
+@pytest.mark.parametrize("environ", [{"PJRT_DEVICE": "TPU"}, {},
+                                     {"PJRT_DEVICE": "CPU", "XLA_FLAGS": "--xla_backend_optimization_level=2"}],
+                         ids=["tpu", "unset", "user-level"])
+def test_xla_flags_are_left_alone_off_pjrt_cpu_or_when_the_user_set_a_level(environ):
+    before = dict(environ)
+    assert cpu_compile.compile_quickly(environ) is False
+    assert environ == before

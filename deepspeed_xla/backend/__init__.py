@@ -8,6 +8,7 @@
 * host_memory.py: on PJRT CPU, freed device buffers stay with the process instead of being
   faulted in again every step;
 * core_binding.py: on PJRT CPU, each local rank runs on its own share of the host's cores;
+* cpu_compile.py: on PJRT CPU, XLA compiles graphs quickly rather than optimizing their kernels;
 * the names below: torch_xla's device type, dispatch key and torch.compile backends.
 
 docs/backends.md maps each piece onto what a second TPU backend (TorchTPU) would supply.
@@ -25,12 +26,13 @@ INSTALL_HINT = ("deepspeed_xla: DS_ACCELERATOR=xla needs torch_xla, which is not
 
 def load():
     """Import torch_xla, which registers the `xla` device with torch; a worker must do so before
-    DeepSpeed touches a device, after the host allocator is set up and the rank bound to its cores for PJRT
-    CPU (host_memory.py, core_binding.py). SystemExit with INSTALL_HINT when torch_xla is not installed;
-    ValueError for a bad DS_XLA_CPU_MALLOC or DS_XLA_BIND_CORES."""
-    from . import core_binding, host_memory
+    DeepSpeed touches a device, after the host allocator is set up, the rank bound to its cores and XLA told to
+    compile quickly for PJRT CPU (host_memory.py, core_binding.py, cpu_compile.py). SystemExit with INSTALL_HINT
+    when torch_xla is not installed; ValueError for a bad DS_XLA_CPU_MALLOC or DS_XLA_BIND_CORES."""
+    from . import core_binding, cpu_compile, host_memory
     host_memory.keep_freed_memory()
     core_binding.bind_local_rank()
+    cpu_compile.compile_quickly()
     try:
         import torch_xla  # noqa: F401
     except ImportError:
