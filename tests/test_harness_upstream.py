@@ -101,6 +101,19 @@ def test_deepspeed_xla_passes_what_the_broken_candidate_fails(tmp_path, tree):
     assert report["environment"]["env"]["DS_ACCELERATOR"] == "xla"
 
 
+@pytest.mark.slow
+def test_bf16_cases_deepspeed_s_helper_skips_run_on_the_candidate_side_only(tmp_path, tree):
+    # DeepSpeed's bf16 helper names the accelerators it knows; on the candidate's side it also answers the
+    # candidate's is_bf16_supported(), at collection and inside a rank (harness/upstream/bf16_check.py)
+    selection = tmp_path / "bf16.toml"
+    selection.write_text("[[tests]]\npath = 'unit/ops/test_bf16_cases.py'\n")
+    proc, report, _ = upstream(tmp_path, tree, "--selection", str(selection))
+    assert verdicts_of(report) == {"test_bf16_sum_at_collection": ("candidate-only-pass", "passed"),
+                                   "TestBf16InRank::test_bf16_product": ("candidate-only-pass", "passed")}, (
+        proc.stdout + proc.stderr)
+    assert proc.returncode == 0 and processes_under(tree) == []
+
+
 def test_a_hung_test_is_stopped_in_bounded_time_and_the_run_goes_on(tmp_path, tree):
     env = {**os.environ, "TREE_HANG": "1", "DS_ACCELERATOR": "cpu"}
     said = []

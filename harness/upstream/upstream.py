@@ -13,7 +13,9 @@ accelerator it does not know (never by editing its files):
   - LOCAL_SIZE=N: `DistributedTest` skips a world larger than `device_count()`; DeepSpeed's
     CPU accelerator and deepspeed_xla count LOCAL_SIZE devices, as in a launched rank;
   - DS_UNITTEST_TIMEOUT: DeepSpeed's own bound on one test's ranks, and the watchdog's
-    (upstream_run.py), so a rank that dies in DeepSpeed's pool becomes an error, not a hang.
+    (upstream_run.py), so a rank that dies in DeepSpeed's pool becomes an error, not a hang;
+  - on the candidate's side only, DeepSpeed's bf16 test helper also answers True where the
+    candidate supports bf16, as it does for the accelerators it names (bf16_check.py).
 The candidate is installed in every process DeepSpeed's harness starts (its forkserver pool
 and spawned ranks) the way `run` installs it in training scripts (candidate_env.child_env).
 Results join report.json / junit.xml / report.md as area `upstream` (verdicts: upstream_verdicts.py).
@@ -26,7 +28,8 @@ from harness import environment
 from harness.candidate import candidate_env, candidates
 from harness.report import report_files, report_json, run_dir
 from harness.session import expectations
-from harness.upstream import upstream_run, upstream_selection, upstream_verdicts
+from harness.paths import CANDIDATE_SITE, REPO
+from harness.upstream import bf16_check, upstream_run, upstream_selection, upstream_verdicts
 from harness.usage import PJRT_DEVICE, UsageError
 
 SIDES = ("baseline", "candidate")
@@ -88,8 +91,10 @@ def side_envs(spec, backend, devices, timeout_s, base=None):
                   DS_UNITTEST_TIMEOUT=str(timeout_s), PJRT_DEVICE=PJRT_DEVICE[backend])
     if backend == "tpu":  # PJRT CPU cannot load the executables it stores (PersistentCacheDeserializeFailure)
         common.setdefault("XLA_PERSISTENT_CACHE_PATH", str(Path.home() / ".cache" / "deepspeed_xla" / "xla_cache"))
-    return {"baseline": {**common, "DS_ACCELERATOR": "cpu"},
-            "candidate": candidate_env.child_env(spec, common, at_start=True)}
+    candidate = candidate_env.child_env(spec, common, at_start=True)
+    path = [str(CANDIDATE_SITE), str(REPO)] + [p for p in candidate.get("PYTHONPATH", "").split(os.pathsep) if p]
+    candidate.update({bf16_check.ENV: "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))})
+    return {"baseline": {**common, "DS_ACCELERATOR": "cpu"}, "candidate": candidate}
 
 
 def source_info(src):
