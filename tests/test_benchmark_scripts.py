@@ -55,6 +55,15 @@ def test_peak_memory_refuses_unknown_arguments():
     assert proc.returncode == 2 and "unrecognized arguments: --bogus" in proc.stderr
 
 
+@pytest.mark.parametrize("params,line", [("3", "each count must divide 10000"), ("many", "comma-separated whole numbers"),
+                                         ("0,2", "each count must divide 10000")])
+def test_compile_time_refuses_parameter_counts_that_do_not_split_its_weights(params, line):
+    proc = _run("compile_time.py", "--params", params)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert line in proc.stderr.splitlines()[-1]
+    assert "params" not in proc.stdout, "the table started although the counts were refused"
+
+
 def test_what_a_benchmark_starts_dies_with_it(tmp_path):
     script = tmp_path / "starts_a_child.py"
     script.write_text(textwrap.dedent(f"""
