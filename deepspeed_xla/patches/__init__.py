@@ -93,6 +93,10 @@ PATCHES = (
           "deepspeed.comm.torch.TorchBackend.init_device_mesh, when that module loads",
           "PyTorch gives a DeviceMesh of device type xla no process groups, so configs with a data and sequence "
           "parallel mesh (Ulysses) stopped in deepspeed.initialize; the mesh is built from groups made for it"),
+    Patch("deepspeed_xla.patches.tensor_pickling", (DEVICE,),
+          "torch._utils._rebuild_device_tensor_from_cpu_tensor",
+          "an XLA tensor that requires grad did not unpickle (torch.load, broadcast_object_list: AutoTP's input "
+          "check): torch set requires_grad on the non-leaf copy it rebuilt"),
 )
 
 PHASES = (PROCESS, DEVICE)
