@@ -1,12 +1,15 @@
 """The pytest plugin loaded into DeepSpeed's own test session by `python -m harness upstream`.
 
 It runs inside a DeepSpeed checkout's `tests/` (DeepSpeed's conftest.py and pytest.ini in
-charge) and only records: the tests collected after selection, a start marker per test
+charge). It keeps the tests the run asked for (UPSTREAM_TARGETS_ENV names a JSON list of node ids
+or paths; pytest itself is given only their files, since pytest before 8.4 ends the whole session
+on a node id that matches no test), and it records: the tests collected after selection, a start marker per test
 with its wall-clock time (the watchdog in upstream_run.py reads it to bound each test),
 and one result per test, streamed to the JSON-lines file named by UPSTREAM_EVENTS_ENV as
 they finish, so a process that is killed still leaves what it did.
 """
 
+import json
 import os
 import time
 
@@ -16,6 +19,13 @@ from harness.session.events import EventStream
 from harness.session.outcomes import result_record
 
 UPSTREAM_EVENTS_ENV = "HARNESS_UPSTREAM_EVENTS"
+UPSTREAM_TARGETS_ENV = "HARNESS_UPSTREAM_TARGETS"
+
+
+def covered(nodeid, targets):
+    """Whether pytest node id `nodeid` is one of `targets` or lies under one (`target::...`, `target[...]`)."""
+    return any(nodeid == target or nodeid.startswith(target + "::") or nodeid.startswith(target + "[")
+               for target in targets)
 
 
 class UpstreamRecorder:
@@ -65,3 +75,17 @@ def pytest_configure(config):
     # Only the process that reports (not an xdist worker) records.
     if path and not hasattr(config, "workerinput"):
         config.pluginmanager.register(UpstreamRecorder(path), "harness-upstream-recorder")
+
+
+def pytest_collection_modifyitems(config, items):
+    """pytest hook: deselect the items under none of the targets in the JSON file $HARNESS_UPSTREAM_TARGETS names
+    (every process, xdist workers included); does nothing when the variable is unset."""
+    path = os.environ.get(UPSTREAM_TARGETS_ENV)
+    if not path:
+        return
+    with open(path, encoding="utf-8") as file:
+        targets = json.load(file)
+    kept = [item for item in items if covered(item.nodeid, targets)]
+    if len(kept) != len(items):
+        config.hook.pytest_deselected(items=[item for item in items if not covered(item.nodeid, targets)])
+        items[:] = kept

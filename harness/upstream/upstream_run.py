@@ -11,6 +11,7 @@ seconds, stops the whole process group (pool workers included). The test in prog
 recorded as an error naming why; the session is started again on the tests not yet run.
 """
 
+import json
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from harness.session.resume import run_until_every_check_ran
 from harness.launching import release_unused_shm_buffers
 from harness.paths import REPO
 from harness.session.events import read_events
-from harness.upstream.upstream_plugin import UPSTREAM_EVENTS_ENV
+from harness.upstream.upstream_plugin import UPSTREAM_EVENTS_ENV, UPSTREAM_TARGETS_ENV
 
 GRACE_S = 60  # beyond DeepSpeed's own DS_UNITTEST_TIMEOUT, for its pool to report and close
 COLLECTION_S = 600  # the least a session may take to collect before it is thought hung
@@ -85,9 +86,12 @@ def run_side(*, name, tests_dir, targets, pytest_args, env, workdir, timeout_s, 
         run.sessions += 1
         events_path = Path(workdir) / f"{name}-{run.sessions}.jsonl"
         log_path = Path(workdir) / f"{name}-{run.sessions}.log"
+        targets_path = Path(workdir) / f"{name}-{run.sessions}.targets.json"
+        targets_path.write_text(json.dumps(list(pending)))
+        files = list(dict.fromkeys(target.split("::", 1)[0] for target in pending))  # the plugin keeps the targets
         command = [sys.executable, "-m", "pytest", "-p", "harness.upstream.upstream_plugin", "-p", "no:cacheprovider",
-                   "-q", "-rN", "--color=no", *pytest_args, *pending]
-        child_env = {**env, UPSTREAM_EVENTS_ENV: str(events_path),
+                   "-q", "-rN", "--color=no", *pytest_args, *files]
+        child_env = {**env, UPSTREAM_EVENTS_ENV: str(events_path), UPSTREAM_TARGETS_ENV: str(targets_path),
                      "PYTHONPATH": os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])}
         with open(log_path, "w", encoding="utf-8") as log:
             process = subprocess.Popen(command, cwd=tests_dir, env=child_env, stdout=log, stderr=subprocess.STDOUT,

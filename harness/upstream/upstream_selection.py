@@ -34,6 +34,7 @@ import tomllib
 
 from harness.session.expectations import Expectation
 from harness.paths import UPSTREAM_SELECTIONS
+from harness.upstream.upstream_plugin import covered
 
 
 SUBSETS = ("all", "pr")
@@ -66,8 +67,7 @@ class Entry:
 
     def covers(self, nodeid):
         """Whether pytest node id `nodeid` is one of this entry's targets or lies under one (`target::...`, `target[...]`)."""
-        return any(nodeid == target or nodeid.startswith(target + "::") or nodeid.startswith(target + "[")
-                   for target in self.targets)
+        return covered(nodeid, self.targets)
 
 
 @dataclass(frozen=True)

@@ -55,12 +55,13 @@ class TestRankDies(DistributedTest):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def test_runs_in_the_session():
-    """A plain test after the one whose rank died: the run must go on to it."""
-    assert torch.ones(2).sum().item() == 2.0
-
-
 def test_hangs_when_asked():
-    """Hangs in the session's own process when TREE_HANG is set (the watchdog's case)."""
+    """Hangs in the session's own process when TREE_HANG is set (the watchdog's case). It comes before
+    test_runs_in_the_session, so a session stopped here must resume for that one."""
     if os.environ.get("TREE_HANG"):
         time.sleep(3600)
+
+
+def test_runs_in_the_session():
+    """A plain test after the one whose rank died and the one that hangs: the run must go on to it."""
+    assert torch.ones(2).sum().item() == 2.0
