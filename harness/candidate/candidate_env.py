@@ -35,9 +35,15 @@ def child_env(spec, env, at_start=False):
         env.pop("DS_ACCELERATOR", None)
         if at_start:
             env[AT_START_ENV] = "1"
-            path = [str(CANDIDATE_SITE), str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-            env["PYTHONPATH"] = os.pathsep.join(path)
+            env = with_site_on_path(env)
     return env
+
+
+def with_site_on_path(env):
+    """`env` with candidate_site/ (its sitecustomize runs at interpreter start) and the repository first on
+    PYTHONPATH, each once."""
+    path = [str(CANDIDATE_SITE), str(REPO)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return {**env, "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))}
 
 
 def without_candidate(env):

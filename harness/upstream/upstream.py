@@ -28,7 +28,6 @@ from harness import environment
 from harness.candidate import candidate_env, candidates
 from harness.report import report_files, report_json, run_dir
 from harness.session import expectations
-from harness.paths import CANDIDATE_SITE, REPO
 from harness.upstream import bf16_check, upstream_run, upstream_selection, upstream_verdicts
 from harness.usage import PJRT_DEVICE, UsageError
 
@@ -91,9 +90,8 @@ def side_envs(spec, backend, devices, timeout_s, base=None):
                   DS_UNITTEST_TIMEOUT=str(timeout_s), PJRT_DEVICE=PJRT_DEVICE[backend])
     if backend == "tpu":  # PJRT CPU cannot load the executables it stores (PersistentCacheDeserializeFailure)
         common.setdefault("XLA_PERSISTENT_CACHE_PATH", str(Path.home() / ".cache" / "deepspeed_xla" / "xla_cache"))
-    candidate = candidate_env.child_env(spec, common, at_start=True)
-    path = [str(CANDIDATE_SITE), str(REPO)] + [p for p in candidate.get("PYTHONPATH", "").split(os.pathsep) if p]
-    candidate.update({bf16_check.ENV: "1", "PYTHONPATH": os.pathsep.join(dict.fromkeys(path))})
+    candidate = candidate_env.with_site_on_path({**candidate_env.child_env(spec, common, at_start=True),
+                                                 bf16_check.ENV: "1"})
     return {"baseline": {**common, "DS_ACCELERATOR": "cpu"}, "candidate": candidate}
 
 

@@ -85,7 +85,9 @@ def pytest_collection_modifyitems(config, items):
         return
     with open(path, encoding="utf-8") as file:
         targets = json.load(file)
-    kept = [item for item in items if covered(item.nodeid, targets)]
-    if len(kept) != len(items):
-        config.hook.pytest_deselected(items=[item for item in items if not covered(item.nodeid, targets)])
+    kept, dropped = [], []
+    for item in items:
+        (kept if covered(item.nodeid, targets) else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
         items[:] = kept
