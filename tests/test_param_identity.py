@@ -145,6 +145,54 @@ def test_data_assigned_across_the_boundary_to_a_parameter_holding_a_gradient_is_
     assert param.device.type == "cpu" and param.tolist() == [1.0, 1.0]
 
 
+def test_data_of_a_plain_tensor_moves_across_the_boundary_and_back_as_the_same_object():
+    """What `engine.offload_states()`/`reload_states()` do to ZeRO's flat buffers and Adam moments."""
+    moment = torch.zeros(3, device=XLA)
+    master = torch.ones(3, device=XLA).requires_grad_()
+    host = torch.arange(3.0)
+    for tensor in (moment, master):
+        ref = weakref.ref(tensor)
+        tensor.data = host
+        assert (tensor.device.type, tensor.tolist(), ref() is tensor) == ("cpu", [0.0, 1.0, 2.0], True)
+        host.add_(1)  # the object shares the assigned tensor's storage, as `.data =` makes it
+        assert tensor.tolist() == [1.0, 2.0, 3.0]
+        host.sub_(1)
+        tensor.data = tensor.data.to(XLA)
+        assert (tensor.device.type, ref() is tensor) == ("xla", True)
+    assert (moment.requires_grad, master.requires_grad) == (False, True)
+
+
+def test_views_taken_before_the_assignment_keep_the_old_values_as_under_set_data():
+    """DeepSpeed's ZeRO-1/2 keeps views of each parameter (`_hp_mapping`) while `reload_states()` assigns it."""
+    param = torch.nn.Parameter(torch.ones(4))
+    fragment = param.flatten().narrow(0, 0, 2)
+    param.data = torch.zeros(4, device=XLA)
+    assert (param.device.type, param.detach().cpu().tolist(), fragment.tolist()) == ("xla", [0.0] * 4, [1.0, 1.0])
+
+
+def test_gradient_hooks_survive_the_assignment():
+    """ZeRO-1/2 reduces each gradient from a post-accumulate-grad hook on the parameter; an assignment that lost it
+    would leave every later step without its gradient reduction."""
+    param = torch.nn.Parameter(torch.ones(2, device=XLA))
+    fired = []
+    param.register_post_accumulate_grad_hook(lambda p: fired.append("post-accumulate"))
+    param.register_hook(lambda grad: fired.append("tensor") or grad * 3)
+    param.data = param.data.to("cpu")
+    param.data = param.data.to(XLA)
+    (param * 2).sum().backward()
+    assert fired == ["tensor", "post-accumulate"]
+    assert param.grad.cpu().tolist() == [6.0, 6.0]
+
+
+def test_backward_through_a_graph_built_before_the_assignment_raises():
+    """As `torch.utils.swap_tensors` poisons it: the gradient would go to the tensor the object gave away."""
+    param = torch.nn.Parameter(torch.ones(2))
+    loss = (param * 2).sum()
+    param.data = torch.zeros(2, device=XLA)
+    with pytest.raises(RuntimeError, match="assigned across the XLA boundary after this graph was built"):
+        loss.backward()
+
+
 def test_zero_init_of_a_model_built_on_the_cpu_keeps_its_parameters():
     """`deepspeed.zero.Init(module=model)` converts a model built on the CPU; DeepSpeed moves each parameter with
     `param.data = ...to(device)`, which PyTorch refuses from CPU to XLA. The parameters become ZeRO-3 parameters on

@@ -22,19 +22,20 @@ its weak references (DeepSpeed keeps some), exactly as `.data =` would on CUDA. 
 that do not involve XLA, and processes that opted into either of torch's
 `torch.__future__` conversion flags, are left to PyTorch.
 
-Code that moves a parameter itself, `param.data = tensor_on_another_device`, works between
+Code that moves a tensor itself, `tensor.data = tensor_on_another_device`, works between
 CPU and CUDA tensors but PyTorch refuses it between a CPU and an XLA tensor ("incompatible
-tensor type"). DeepSpeed does it where `deepspeed.zero.Init(module=model)` converts a model
-built on the CPU, and where ZeRO-3 gathers into a parameter the user moved to the CPU. So
-`install()` also gives `torch.nn.Parameter` a `data` property: an assignment PyTorch accepts
-is PyTorch's own; one it refuses across the XLA boundary is done by the same exchange, with
-a new Parameter aliasing the assigned tensor, so the object shares that tensor's storage as
-`.data =` makes it.
+tensor type"). DeepSpeed does it to parameters where `deepspeed.zero.Init(module=model)`
+converts a model built on the CPU and where ZeRO-3 gathers into a parameter the user moved to
+the CPU, and to plain tensors in `engine.offload_states()`/`reload_states()` (fp32 master
+partitions, flat bf16 buffers, gradient partitions, optimizer states). So `install()` also
+gives `torch.Tensor` a `data` property: an assignment PyTorch accepts is PyTorch's own; one
+it refuses across the XLA boundary is done by the same exchange, with a new tensor aliasing
+the assigned one, so the object shares that tensor's storage as `.data =` makes it.
 
-Limits: a parameter whose tensor is still referenced from elsewhere in C++ (a view of
-it, an autograd graph built on the CPU and not yet run backward), or that holds a gradient,
-cannot be exchanged safely; it keeps PyTorch's behaviour (a new Parameter with a warning
-naming it, or the refusal above).
+Limits: a tensor still referenced from elsewhere in C++ (a view of it, an autograd graph
+built on the CPU and not yet run backward), one that holds a gradient, and one that is not a
+leaf cannot be exchanged safely; it keeps PyTorch's behaviour (a module's move makes a new
+Parameter, with a warning naming it; `.data =` is refused as above).
 """
 
 import functools
@@ -50,8 +51,8 @@ _original_apply = None
 
 
 def install():
-    """Wrap `torch.nn.Module._apply` and give `torch.nn.Parameter` its cross-device `data` setter, so XLA moves
-    keep parameter identity (idempotent)."""
+    """Wrap `torch.nn.Module._apply` and give `torch.Tensor` its cross-device `data` setter, so XLA moves
+    keep tensor identity (idempotent)."""
     global _original_apply
     if _original_apply is not None:
         return
@@ -65,31 +66,50 @@ def install():
         return result
 
     torch.nn.Module._apply = _apply
-    torch.nn.Parameter.data = property(_get_data, _set_data, doc=_TENSOR_DATA.__doc__)
+    torch.Tensor.data = property(_get_data, _set_data, doc=_TENSOR_DATA.__doc__)
 
 
 def uninstall():
-    """Put PyTorch's own `Module._apply` and `Parameter.data` back (for tests, and for candidates built without
+    """Put PyTorch's own `Module._apply` and `Tensor.data` back (for tests, and for candidates built without
     this)."""
     global _original_apply
     if _original_apply is not None:
         torch.nn.Module._apply = _original_apply
         _original_apply = None
-        del torch.nn.Parameter.data
+        del torch.Tensor.data
 
 
-def _get_data(param):
-    return _TENSOR_DATA.__get__(param)
+def _get_data(tensor):
+    return _TENSOR_DATA.__get__(tensor)
 
 
-def _set_data(param, tensor):
+def _set_data(tensor, value):
     try:
-        _TENSOR_DATA.__set__(param, tensor)
+        _TENSOR_DATA.__set__(tensor, value)
     except RuntimeError:
         # PyTorch refuses set_data between tensor types; nothing has changed yet, so the exchange may try
-        if not (isinstance(tensor, torch.Tensor) and _involves_xla(param, tensor) and param.grad is None
-                and _exchange(param, torch.nn.Parameter(tensor, requires_grad=param.requires_grad))):
+        if not (isinstance(value, torch.Tensor) and _involves_xla(tensor, value) and tensor.is_leaf
+                and tensor.grad is None):
             raise
+        _assign(tensor, value)
+
+
+def _assign(tensor, value):
+    """`tensor.data = value` done by exchange, with what set_data keeps between CPU and CUDA tensors: the object,
+    its `requires_grad` and its hooks. Views taken of `tensor` before keep the old values, as they keep the old
+    storage under set_data. An autograd graph built on the old tensor is poisoned (its backward raises), as
+    `torch.utils.swap_tensors` does, rather than accumulating a gradient nobody reads."""
+    count = tensor._use_count()
+    edge = torch.autograd.graph.get_gradient_edge(tensor) if tensor.requires_grad else None
+    if edge is not None and tensor._use_count() == count:  # the node existed before: a graph holds it
+        edge.node.register_prehook(_stale_graph)
+    del edge
+    _swap(tensor, value.detach().requires_grad_(tensor.requires_grad))
+
+
+def _stale_graph(grad_outputs):
+    raise RuntimeError("deepspeed_xla: backward reached a tensor whose `.data` was assigned across the XLA boundary "
+                       "after this graph was built; run the forward again after moving it.")
 
 
 def _involves_xla(old, new):
@@ -142,5 +162,15 @@ def _exchange(old, new):
     did."""
     if not (_exchangeable(old) and _exchangeable(new)):
         return False
-    torch._C._swap_tensor_impl(old, new)
+    _swap(old, new)
     return True
+
+
+def _swap(old, new):
+    """Exchange the tensor implementations of `old` and `new`. The hooks registered through `old`'s Python object
+    are registered again on the implementation it now holds, as they lived on the one it gave away."""
+    torch._C._swap_tensor_impl(old, new)
+    for hooks in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+        registered = getattr(old, hooks)
+        if registered is not None:
+            setattr(old, hooks, registered)
