@@ -7,12 +7,20 @@ is read in parameter order, and the optimizer kernels update their buffers in pl
 import json
 import re
 import textwrap
+import types
 
 import pytest
+import torch
+import torch_xla
 from helpers import last_json, run_python
+
+from deepspeed_xla.backend import runtime
+from deepspeed_xla.patches import step_graphs
 
 from harness.candidate.candidates import parse_spec
 from harness.launching import launch, single_rank_env
+
+XLA = torch_xla.device()
 
 
 def test_pipeline_steps_compile_nothing_after_warm_up():
@@ -253,6 +261,77 @@ def test_two_rank_zero_graphs_write_out_no_views_of_the_gradient_bucket(tmp_path
         assert max(between) <= parameters, (
             f"rank {rank}: ZeRO-{stage}'s graphs between the backward pass's and the optimizer's write out {between} "
             f"elements; at most the model's {parameters} each (the bucket reduced) was expected")
+
+
+# A child script's two-rank ZeRO-3 training of 16 elementwise-scale parameters sharing 2,400 bf16 weights, as in
+# DeepSpeed's TestZero3ParamPartitioningManyParams (each small enough to stay gathered between steps): per graph a
+# steady step executes, whether it computes the rank's updated bf16 partition (1,200 weights, converted from the fp32
+# master partition) and its HLO instructions.
+MANY_PARAMS_STEP = EXECUTED_HLO + textwrap.dedent("""
+    import json, re, torch, deepspeed
+
+    class Scale(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.full((150,), 1.0))
+
+        def forward(self, x):
+            return x * self.weight
+
+    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
+              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
+              "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "contiguous_gradients": True,
+                                    "overlap_comm": True}}
+    deepspeed.init_distributed()
+    with deepspeed.zero.Init(config_dict_or_path=config):
+        net = torch.nn.Sequential(*(Scale() for _ in range(16)))
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+
+    def step():
+        loss = engine(torch.ones(1, 150, device=engine.device, dtype=torch.bfloat16)).float().sum()
+        engine.backward(loss)
+        engine.step()
+
+    for _ in range(2):
+        step()
+    graphs = [[" bf16[1200]{0} convert(" in module, len(re.findall(r"^\\s+\\S+ = ", module, re.M))]
+              for module in executed_hlo(step).split("HloModule ")[1:]]
+    with open(os.environ["GRAPHS_OUT"] + "." + os.environ["RANK"] + ".json", "w") as f:
+        json.dump(graphs, f)
+""")
+
+
+@pytest.mark.slow
+def test_a_zero3_step_computes_the_update_once_before_gathering_persistent_parameters(tmp_path):
+    """ZeRO-3 ends its step by gathering each persistent parameter from the partition buffer the update has just
+    written, one collective per parameter. Through the host bridge each gather's read computed the whole update again
+    for its slice: one graph of every parameter's update per parameter, each compiled anew, quadratic in the
+    parameter count (DeepSpeed's TestZero3ParamPartitioningManyParams, 100 parameters: over 300 s)."""
+    for rank, graphs in enumerate(two_rank_results(tmp_path, MANY_PARAMS_STEP)):
+        updates = [instructions for computes_update, instructions in graphs if computes_update]
+        assert len(updates) == 1, (
+            f"rank {rank}: {len(updates)} graphs of one steady ZeRO-3 step of 16 parameters compute the updated "
+            f"partition (HLO instructions: {updates}); one was expected, before the persistent parameters are gathered")
+
+
+def test_a_cut_writes_out_only_the_gradient_views_still_pending():
+    """Before each cut in the backward pass the gradient views of a bucket written since are brought up to date.
+    A view already written out stays a buffer while stale (PyTorch/XLA recomputes it from the bucket when read):
+    brought up to date it became an output of the cut again, at every later cut, so a ZeRO-3 backward pass through
+    the host bridge wrote out every earlier gradient once per parameter."""
+    bucket = torch.zeros(8, device=XLA)
+    written, new = torch.nn.Parameter(torch.zeros(4, device=XLA)), torch.nn.Parameter(torch.zeros(4, device=XLA))
+    written.grad = bucket.narrow(0, 0, 4)
+    engine = types.SimpleNamespace(optimizer=types.SimpleNamespace(), module=torch.nn.ParameterList([written, new]))
+    runtime.sync()
+    bucket.narrow(0, 4, 4).copy_(torch.ones(4, device=XLA))
+    new.grad = bucket.narrow(0, 4, 4)
+    step_graphs._refresh_gradient_views(engine)
+    assert (runtime.is_pending(written.grad), runtime.is_pending(new.grad)) == (False, True), (
+        "after the refresh, the gradient view written out at the last cut is a pending value again (or the new one "
+        "is not): the next cut writes it out once more")
+    runtime.sync()
+    assert (written.grad.cpu().tolist(), new.grad.cpu().tolist()) == ([0.0] * 4, [1.0] * 4)
 
 
 # A child script's steady ZeRO-{stage} training: a two-layer MLP's engine, its step(), three steps done.

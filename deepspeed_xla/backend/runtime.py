@@ -67,6 +67,14 @@ def sync(wait=True):
         xm.wait_device_ops()
 
 
+def is_pending(tensor):
+    """Whether XLA `tensor` (its functionalized value, for a functional tensor) is a computation not yet run,
+    which the next sync computes and writes out, rather than a device buffer."""
+    if torch._is_functional_tensor(tensor):
+        tensor = torch._from_functional_tensor(tensor)
+    return "\nXLAData: None\n" in torch_xla._XLAC._get_xla_tensor_debug_info(tensor)
+
+
 @functools.cache
 def _buffers_are_host_memory(device):
     return xm.xla_device_hw(device) == "CPU"

@@ -27,7 +27,10 @@ graph where the engine needs a value, as PyTorch/XLA's own loops mark a step bef
     takes: otherwise a step that reads nothing on the host leaves each update pending, and the next
     step's graph holds all the updates before it;
   - under ZeRO-3, `engine.backward()` also ends with a sync: one backward-plus-step graph, which
-    gathers and re-partitions parameters around the reads, runs slower than two.
+    gathers and re-partitions parameters around the reads, runs slower than two;
+  - under ZeRO-3, where the host bridge reads, the step's graph is cut before the persistent parameters
+    are gathered out of the partition buffer it updated, one collective per parameter: a read of each
+    one's slice would compute the whole update again.
 Reads outside the engine's calls (a script's own `loss.item()`) keep PyTorch/XLA's behaviour. The
 measurements behind each cut: docs/step-graphs.md. The host reads the checks themselves make are
 reduced in host_reads.py.
@@ -118,7 +121,9 @@ def _refresh_gradient_views(engine):
         tensors += bucket.buffer if isinstance(bucket.buffer, list) else [bucket.buffer]  # ZeRO-1/2: a list
     tensors += [param.grad for param in engine.module.parameters()]
     for tensor in tensors:
-        if tensor is not None and torch._is_functional_tensor(tensor):  # ZeRO-3 has no bucket without contiguous_gradients
+        # ZeRO-3 has no bucket without contiguous_gradients. A view already written out costs the cut nothing
+        # while stale: refreshing it would make it an output again, at every cut, for every gradient before it.
+        if tensor is not None and torch._is_functional_tensor(tensor) and runtime.is_pending(tensor):
             torch._sync(tensor)
 
 
@@ -160,6 +165,25 @@ def _ending_in_a_sync(when):
     return wrap
 
 
+def _cut_before_gathering_persistent_parameters(post_step):
+    """Wrap ZeRO-3's `_post_step`, which all-gathers the persistent parameters, one collective per parameter, each
+    reading that parameter's partition: a view of the partition buffer (`lp_param_buffer`) the step has just updated.
+    Where those collectives read on the host, each read computed the whole update again for its slice (a graph of
+    every parameter's update, per parameter, each compiled anew: quadratic in the parameter count), and the sync
+    ending the step computed it once more. The pending graph is cut first: the update runs once, and each read is a
+    slice of the buffer it wrote."""
+
+    @functools.wraps(post_step)
+    def wrapper(optimizer, *args, **kwargs):
+        buffer = getattr(optimizer, "lp_param_buffer", None)  # absent where parameters are offloaded to the host
+        if (optimizer.persistent_parameters and buffer is not None and buffer.device.type == DEVICE_TYPE
+                and comm.reads_on_host(optimizer.dp_process_group)):
+            runtime.sync(wait=False)
+        return post_step(optimizer, *args, **kwargs)
+
+    return wrapper
+
+
 def _zero3(engine):
     return engine.zero_optimization_stage() == 3
 
@@ -186,6 +210,7 @@ def _patch(engine_module):
     for optimizer, name in ((DeepSpeedZeroOptimizer, "reduce_ipg_grads"),
                             (DeepSpeedZeroOptimizer_Stage3, "_DeepSpeedZeroOptimizer_Stage3__reduce_and_partition_ipg_grads")):
         wrap_once(optimizer, name, _cut_before_reduction(lambda optimizer: optimizer.dp_process_group))
+    wrap_once(DeepSpeedZeroOptimizer_Stage3, "_post_step", _cut_before_gathering_persistent_parameters)
     comm.set_before_operands_read(cut_before_collective_read)
 
 
