@@ -40,25 +40,14 @@ def worker(params):
     import torch_xla.debug.metrics as metrics
     from deepspeed.accelerator import get_accelerator
 
+    sys.path.insert(0, str(REPO / "fixtures"))
+    from many_params import CONFIG, build
+
     size = ELEMENTS // params
-
-    class Scale(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.full((size, ), 1.0))
-
-        def forward(self, x):
-            return x * self.weight
-
-    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
-              "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "contiguous_gradients": True,
-                                    "overlap_comm": True}}
     deepspeed.init_distributed()
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        model = torch.nn.Sequential(*(Scale() for _ in range(params)))
+    model = build(params, size)
     start = time.perf_counter()
-    engine, *_ = deepspeed.initialize(model=model, config=config, model_parameters=model.parameters())
+    engine, *_ = deepspeed.initialize(model=model, config=CONFIG, model_parameters=model.parameters())
     for _ in range(STEPS):
         out = engine(torch.ones(size, dtype=torch.bfloat16, device=engine.device))
         engine.backward(out.float().sum())

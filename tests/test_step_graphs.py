@@ -19,6 +19,7 @@ from deepspeed_xla.patches import step_graphs
 
 from harness.candidate.candidates import parse_spec
 from harness.launching import launch, single_rank_env
+from harness.paths import REPO
 
 XLA = torch_xla.device()
 
@@ -267,25 +268,13 @@ def test_two_rank_zero_graphs_write_out_no_views_of_the_gradient_bucket(tmp_path
 # DeepSpeed's TestZero3ParamPartitioningManyParams (each small enough to stay gathered between steps): per graph a
 # steady step executes, whether it computes the rank's updated bf16 partition (1,200 weights, converted from the fp32
 # master partition) and its HLO instructions.
-MANY_PARAMS_STEP = EXECUTED_HLO + textwrap.dedent("""
+MANY_PARAMS_STEP = EXECUTED_HLO + f"import sys\nsys.path.insert(0, {str(REPO / 'fixtures')!r})\n" + textwrap.dedent("""
     import json, re, torch, deepspeed
+    from many_params import CONFIG, build
 
-    class Scale(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.weight = torch.nn.Parameter(torch.full((150,), 1.0))
-
-        def forward(self, x):
-            return x * self.weight
-
-    config = {"train_micro_batch_size_per_gpu": 1, "bf16": {"enabled": True},
-              "optimizer": {"type": "Adam", "params": {"lr": 1e-3}},
-              "zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "contiguous_gradients": True,
-                                    "overlap_comm": True}}
     deepspeed.init_distributed()
-    with deepspeed.zero.Init(config_dict_or_path=config):
-        net = torch.nn.Sequential(*(Scale() for _ in range(16)))
-    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=config)
+    net = build(16, 150)
+    engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=CONFIG)
 
     def step():
         loss = engine(torch.ones(1, 150, device=engine.device, dtype=torch.bfloat16)).float().sum()
