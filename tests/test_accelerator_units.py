@@ -251,6 +251,59 @@ def test_slice_scatter_refuses_a_source_of_the_wrong_shape(accel):
         torch.slice_scatter(torch.zeros(10, device=XLA), torch.ones(3, device=XLA), 0, 0, 2)
 
 
+# Host tensors made from an XLA tensor's metadata, as DeepSpeed makes its offload buffers; the values each
+# call must give (None: uninitialised).
+HOST_FACTORIES = {
+    "empty_like": (lambda x: torch.empty_like(x, device="cpu"), None),
+    "zeros_like": (lambda x: torch.zeros_like(x, device="cpu"), 0.0),
+    "ones_like": (lambda x: torch.ones_like(x, device="cpu"), 1.0),
+    "full_like": (lambda x: torch.full_like(x, 2.5, device="cpu"), 2.5),
+    "rand_like": (lambda x: torch.rand_like(x, device="cpu"), None),
+    "randint_like": (lambda x: torch.randint_like(x, 3, 4, device="cpu"), 3.0),
+    "new_empty": (lambda x: x.new_empty(x.shape, device="cpu"), None),
+    "new_zeros": (lambda x: x.new_zeros(x.shape, device="cpu"), 0.0),
+    "new_ones": (lambda x: x.new_ones(x.shape, device="cpu"), 1.0),
+    "new_full": (lambda x: x.new_full(x.shape, -1.0, device="cpu"), -1.0),
+}
+
+
+@pytest.mark.parametrize("factory", HOST_FACTORIES)
+def test_a_host_tensor_made_from_an_xla_tensor_has_storage(accel, factory, tmp_path):
+    # torch 2.9 wrapped these as functional tensors without storage: torch.save and pinning failed.
+    make, fill = HOST_FACTORIES[factory]
+    host = make(torch.zeros(3, 2, dtype=torch.bfloat16, device=XLA))
+    assert host.device.type == "cpu" and host.shape == (3, 2) and host.dtype == torch.bfloat16
+    assert not torch._is_functional_tensor(host), f"{factory} on the host is a functional wrapper"
+    assert host.data_ptr() != 0, f"{factory} on the host has no storage"
+    if fill is not None:
+        torch.testing.assert_close(host, torch.full((3, 2), fill, dtype=torch.bfloat16))
+    host.copy_(torch.arange(6.0).reshape(3, 2))
+    torch.save(host, tmp_path / "host.pt")
+    torch.testing.assert_close(torch.load(tmp_path / "host.pt"), host)
+    torch.testing.assert_close(accel.pin_memory(host), host)
+
+
+@pytest.mark.parametrize("factory", ["empty_like", "zeros_like", "new_zeros", "new_full"])
+def test_a_device_tensor_made_from_an_xla_tensor_stays_functional(accel, factory):
+    # In-place updates of XLA tensors depend on the functional wrapper.
+    make = {"empty_like": lambda x: torch.empty_like(x), "zeros_like": lambda x: torch.zeros_like(x),
+            "new_zeros": lambda x: x.new_zeros((4,)), "new_full": lambda x: x.new_full((4,), 1.0)}[factory]
+    made = make(torch.ones(4, device=XLA))
+    assert made.device.type == "xla" and torch._is_functional_tensor(made)
+    made.fill_(1.0)
+    made.view(2, 2)[1].add_(2.0)
+    torch.testing.assert_close(made.cpu(), torch.tensor([1.0, 1.0, 3.0, 3.0]))
+
+
+def test_functionalization_of_host_programs_is_unchanged(accel):
+    def double_in_place(a):
+        b = torch.zeros_like(a)
+        b.add_(a).mul_(2)
+        return b
+
+    torch.testing.assert_close(torch.func.functionalize(double_in_place)(torch.ones(3)), torch.full((3,), 2.0))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=["fp32", "bf16", "fp16"])
 def test_copies_into_a_bucket_lower_to_a_concatenation(accel, dtype):
     # ZeRO fills its flat gradient buckets this way; torch_xla's own lowering is a select over the

@@ -47,3 +47,55 @@ def test_checkpoint_saved_on_xla_consolidates_with_zero_to_fp32(tmp_path):
     result = last_json(run_python(check, "cpu"))
     assert result["names"] == ["embed.weight", "head.weight", "mix.bias", "mix.weight"], result
     assert all(result["equal"].values()) and result["tied"], result
+
+
+def test_checkpoint_saved_with_states_offloaded_equals_one_saved_on_the_device(tmp_path):
+    """RLHF loops save between `offload_states()` and `reload_states()`. DeepSpeed's host buffers for the offloaded
+    states are made with `empty_like(x, device="cpu")`, which torch 2.9 returned without storage for an XLA `x`:
+    torch.save failed ("invalid python storage"). The checkpoint saved offloaded must hold exactly what one saved
+    after the reload holds."""
+    code = textwrap.dedent(f"""
+        import json, torch, deepspeed
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+        engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(), config={{
+            "train_micro_batch_size_per_gpu": 2, "optimizer": {{"type": "Adam", "params": {{"lr": 0.01}}}},
+            "bf16": {{"enabled": True}}, "zero_optimization": {{"stage": 2}}}})
+        x = torch.randn(2, 8).to(engine.device).bfloat16()
+        for _ in range(2):
+            engine.backward(engine(x).float().pow(2).mean())
+            engine.step()
+        engine.offload_states()
+        engine.save_checkpoint({str(tmp_path)!r}, tag="offloaded")
+        engine.reload_states()
+        engine.save_checkpoint({str(tmp_path)!r}, tag="resident")
+        print(json.dumps({{"saved": True}}))
+    """)
+    assert last_json(run_python(code, "xla", single_rank_env()))["saved"]
+    compare = textwrap.dedent(f"""
+        import json, pathlib, torch
+        def tensors(tree, path=""):
+            if torch.is_tensor(tree):
+                yield path, tree
+            elif isinstance(tree, dict):
+                for key, value in tree.items():
+                    yield from tensors(value, f"{{path}}/{{key}}")
+            elif isinstance(tree, (list, tuple)):
+                for i, value in enumerate(tree):
+                    yield from tensors(value, f"{{path}}/{{i}}")
+        root = pathlib.Path({str(tmp_path)!r})
+        files = sorted(p.name for p in (root / "resident").glob("*.pt"))
+        differ = []
+        count = 0
+        for name in files:
+            saved = dict(tensors(torch.load(root / "offloaded" / name, weights_only=False)))
+            kept = dict(tensors(torch.load(root / "resident" / name, weights_only=False)))
+            count += len(kept)
+            differ += [f"{{name}}{{key}}" for key in kept.keys() | saved.keys()
+                       if key not in saved or key not in kept or not torch.equal(saved[key], kept[key])]
+        print(json.dumps({{"files": files, "tensors": count, "differ": differ}}))
+    """)
+    result = last_json(run_python(compare, "cpu"))
+    # The module's 4 parameters; the fp32 master partition and Adam's two moments.
+    assert len(result["files"]) == 2 and result["tensors"] == 7, result
+    assert not result["differ"], f"the checkpoint saved offloaded differs in {result['differ']}"

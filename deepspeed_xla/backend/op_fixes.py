@@ -38,6 +38,16 @@ rescales only the variance's share of the blend, on XLA tensors in training, in 
 `torch.compile` (`openxla`) the graph is built from PyTorch's own decomposition of batch normalization,
 which blends the unbiased variance already: there the rescaling would count it twice.
 
+A host tensor made from an XLA tensor's metadata (`torch.empty_like(x, device="cpu")`,
+`x.new_empty(shape, device="cpu")`, `zeros_like`, `full_like`, ...) came back from torch 2.9's
+functionalization layer, which every XLA tensor passes through, wrapped as a functional tensor around
+the real host tensor: its values read, but it has no storage (`data_ptr()` 0), so `torch.save` failed
+("invalid python storage") and so did pinning it. DeepSpeed allocates host buffers that way
+(`offload_states`' pinned buffers, `offload_adam_states`, AutoTP's host copies). Kernels on the
+Functionalize key for these factory ops do what PyTorch's generated ones do (unwrap the input,
+call the op below that key, wrap the result) except that a result on another device comes back as
+it is: a plain host tensor, as from a CUDA tensor.
+
 `replace_xla_kernels` is how deepspeed_xla puts any kernel of its own on the XLA dispatch key
 (step_graphs.py's host read too).
 """
@@ -55,8 +65,17 @@ from . import DEVICE_TYPE
 _BITS_TYPES = {torch.bfloat16: ("bf16", "s16"), torch.float16: ("f16", "s16")}
 _bits_slice_scatter = None  # the registered XLA computation, made on first use
 
-_library = None  # the one torch.library registration of deepspeed_xla's XLA kernels
-_replaced = set()  # aten op names registered there
+_library = None  # the one torch.library registration of deepspeed_xla's kernels
+_replaced = set()  # (aten op name, dispatch key) pairs registered there
+
+# Factory ops that take their metadata from a tensor and a device from the caller: aten's schemas with a
+# `Tensor self` first and a `Device? device` argument, less conversions (`to`, `_to_copy`: torch_xla's own
+# kernels copy to the host), sparse constructors (XLA has no sparse tensors) and `new_empty_strided`, whose
+# host result torch_xla 2.9 refuses below this key (an internal assertion, with or without this kernel).
+_LIKE_FACTORIES = ("empty_like", "zeros_like", "ones_like", "full_like", "rand_like", "randn_like",
+                   "randint_like", "randint_like.low_dtype", "randint_like.Tensor", "new_empty", "new_zeros",
+                   "new_ones", "new_full")
+_FUNCTIONALIZE = torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize)
 
 
 def _reduce_all(reduce_dim):
@@ -145,9 +164,35 @@ def _running_var_unbiased(batch_norm):
     return wrapper
 
 
-def replace_xla_kernels(kernels):
-    """Register `kernels` ({aten op name: kernel}) for the XLA dispatch key in place of torch_xla's;
-    an op already registered here is left as it is (each at most once per process)."""
+def _host_results_unwrapped(op):
+    """A Functionalize-key kernel for the factory `op` (an OpOverload): its result is wrapped as PyTorch's
+    generated kernel wraps it, unless it was made from an XLA tensor for another device (the host)."""
+
+    def kernel(*args, **kwargs):
+        args, kwargs = torch.utils._pytree.tree_map_only(torch.Tensor, _unwrapped, (args, kwargs))
+        with torch._C._ExcludeDispatchKeyGuard(_FUNCTIONALIZE):
+            out = op(*args, **kwargs)
+        # Functionalization of other devices' programs (torch.func.functionalize, torch.compile) is left as it was.
+        if args[0].device.type == DEVICE_TYPE and out.device.type != DEVICE_TYPE:
+            return out
+        return torch._to_functional_tensor(out)
+
+    return kernel
+
+
+def _unwrapped(tensor):
+    return torch._from_functional_tensor(tensor) if torch._is_functional_tensor(tensor) else tensor
+
+
+def _overload(name):
+    packet, _, overload = name.partition(".")
+    return getattr(getattr(torch.ops.aten, packet), overload or "default")
+
+
+def replace_xla_kernels(kernels, dispatch_key="XLA"):
+    """Register `kernels` ({aten op name: kernel}) for `dispatch_key` (XLA unless named) in place of the
+    registered ones; an op already registered here for that key is left as it is (each at most once per
+    process)."""
     global _library
     if _library is None:
         _library = torch.library.Library("aten", "IMPL")
@@ -155,14 +200,16 @@ def replace_xla_kernels(kernels):
         # PyTorch warns when a kernel for an existing (op, key) pair is replaced: that is the point.
         warnings.simplefilter("ignore")
         for op, kernel in kernels.items():
-            if op not in _replaced:
-                _library.impl(op, kernel, "XLA")
-                _replaced.add(op)
+            if (op, dispatch_key) not in _replaced:
+                _library.impl(op, kernel, dispatch_key)
+                _replaced.add((op, dispatch_key))
 
 
 def install():
-    """Register the corrected kernels for the XLA dispatch key, and correct batch normalization's
-    running variance on XLA (once per process)."""
+    """Register the corrected kernels for the XLA dispatch key and the factory ops' kernels for the
+    Functionalize key, and correct batch normalization's running variance on XLA (once per process)."""
     replace_xla_kernels({"amax": _reduce_all(torch.ops.aten.max.dim), "amin": _reduce_all(torch.ops.aten.min.dim),
                          "slice_scatter": _slice_scatter})
+    replace_xla_kernels({name: _host_results_unwrapped(_overload(name)) for name in _LIKE_FACTORIES},
+                        dispatch_key="Functionalize")
     wrap_once(torch.nn.functional, "batch_norm", _running_var_unbiased)

@@ -55,9 +55,11 @@ PATCHES = (
           "left alone, both libraries take torch_xla's own mode (a world of 1 per process on PJRT CPU) over "
           "DeepSpeed's"),
     Patch("deepspeed_xla.backend.op_fixes", (DEVICE,),
-          "aten amax, amin and slice_scatter on the XLA dispatch key; torch.nn.functional.batch_norm",
+          "aten amax, amin and slice_scatter on the XLA dispatch key; the *_like and new_* factory ops on the "
+          "Functionalize key; torch.nn.functional.batch_norm",
           "torch_xla 2.9 returns amax()/amin() with the default dim unreduced, lowers a copy into a slice as a select "
-          "over the whole base, and blends the biased batch variance into running_var"),
+          "over the whole base, wraps a host tensor made from an XLA tensor without storage (torch.save fails), and "
+          "blends the biased batch variance into running_var"),
     Patch("deepspeed_xla.patches.param_identity", (DEVICE,),
           "torch.nn.Module._apply; torch.nn.Parameter.data's setter",
           "a move between CPU and XLA builds new Parameter objects, and `.data =` across them is refused: lists, "
