@@ -64,6 +64,9 @@ PATCHES = (
           "torch.nn.Module._apply; torch.nn.Parameter.data's setter",
           "a move between CPU and XLA builds new Parameter objects, and `.data =` across them is refused: lists, "
           "optimizers and tied weights made before the move would hold stale CPU tensors"),
+    Patch("deepspeed_xla.patches.optimizer_aliases", (DEVICE,), "a global torch.optim step post-hook",
+          "DeepSpeed's fused optimizers update `p.data` in place: a view of the parameter taken after the step read "
+          "the value before it, whose buffer the step had donated (in-process load_checkpoint, offload_states)"),
     Patch("deepspeed_xla.patches.xla_limits", (DEVICE,),
           "a global module forward pre-hook; sys.excepthook; DeepSpeedEngine._do_sanity_check, when the engine "
           "module loads",
