@@ -74,22 +74,16 @@ def test_checkpoint_saved_with_states_offloaded_equals_one_saved_on_the_device(t
     assert last_json(run_python(code, "xla", single_rank_env()))["saved"]
     compare = textwrap.dedent(f"""
         import json, pathlib, torch
-        def tensors(tree, path=""):
-            if torch.is_tensor(tree):
-                yield path, tree
-            elif isinstance(tree, dict):
-                for key, value in tree.items():
-                    yield from tensors(value, f"{{path}}/{{key}}")
-            elif isinstance(tree, (list, tuple)):
-                for i, value in enumerate(tree):
-                    yield from tensors(value, f"{{path}}/{{i}}")
+        from torch.utils._pytree import keystr, tree_flatten_with_path
+        def tensors(path):
+            leaves = tree_flatten_with_path(torch.load(path, weights_only=False))[0]
+            return {{keystr(key): leaf for key, leaf in leaves if torch.is_tensor(leaf)}}
         root = pathlib.Path({str(tmp_path)!r})
         files = sorted(p.name for p in (root / "resident").glob("*.pt"))
         differ = []
         count = 0
         for name in files:
-            saved = dict(tensors(torch.load(root / "offloaded" / name, weights_only=False)))
-            kept = dict(tensors(torch.load(root / "resident" / name, weights_only=False)))
+            saved, kept = tensors(root / "offloaded" / name), tensors(root / "resident" / name)
             count += len(kept)
             differ += [f"{{name}}{{key}}" for key in kept.keys() | saved.keys()
                        if key not in saved or key not in kept or not torch.equal(saved[key], kept[key])]

@@ -61,7 +61,7 @@ PATCHES = (
           "over the whole base, wraps a host tensor made from an XLA tensor without storage (torch.save fails), and "
           "blends the biased batch variance into running_var"),
     Patch("deepspeed_xla.patches.param_identity", (DEVICE,),
-          "torch.nn.Module._apply; torch.nn.Parameter.data's setter",
+          "torch.nn.Module._apply; torch.Tensor.data's setter",
           "a move between CPU and XLA builds new Parameter objects, and `.data =` across them is refused: lists, "
           "optimizers and tied weights made before the move would hold stale CPU tensors"),
     Patch("deepspeed_xla.patches.optimizer_aliases", (DEVICE,), "a global torch.optim step post-hook",
