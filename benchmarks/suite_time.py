@@ -2,10 +2,12 @@
 checks' durations from report.json, which with workers exceeds the wall time), the slowest
 checks, and the fixed cost every launched rank pays before its first step (a fresh Python
 process importing torch_xla and DeepSpeed, and starting the XLA runtime).
-Targets (issue "performance"): `--suite smoke` <= 3 minutes on 2 cores; `all` <= 15.
+Targets (issue "performance"): `--suite smoke` <= 3 minutes on 2 cores; `standard` (`tox -e cpu`) <= 15.
+`all` (every check, the nightly's run) has no target: what the standard suite leaves to it is chosen from
+these figures (harness/session/suites.py: NIGHTLY).
 
     python -m harness bench --only suite_time                 (smoke, 2 workers)
-    python benchmarks/suite_time.py --suite all --workers 2 [--reference stored]
+    python benchmarks/suite_time.py --suite standard --workers 2 [--reference stored]
 """
 
 import argparse
@@ -25,7 +27,7 @@ sys.path.insert(0, str(REPO))
 from _script import run  # noqa: E402
 from harness.child_processes import interrupted_with_parent  # noqa: E402
 
-TARGET_S = {"smoke": 180, "all": 900}
+TARGET_S = {"smoke": 180, "standard": 900}
 # The runtime starts lazily: time it up to a first tensor on the device and back.
 PROCESS_START = ("import time; t = time.perf_counter(); import torch, torch_xla, deepspeed; "
                  "from deepspeed_xla.backend import runtime; "

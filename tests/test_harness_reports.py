@@ -125,6 +125,28 @@ def test_areas_of_the_suite_where_no_check_ran_are_named(tmp_path):
     assert f"No check ran in: {unrun}." in markdown, markdown
 
 
+def test_checks_the_suite_left_out_are_listed_with_their_reason(tmp_path):
+    write_parts(tmp_path, [result(f"{DEVICE}::test_synchronize[None]", "passed", "synchronize")])
+    zero = "conformance/test_zero_equivalence.py::test_zero_stage_loss_matches_cpu_reference"
+    left_out = {f"{zero}[{case}]": suites.left_out_by("standard", f"{zero}[{case}]")
+                for case in ("zero0-fp32-2rank", "zero1-fp32-2rank")}
+    (tmp_path / "parts" / "left_out.json").write_text(json.dumps(left_out))
+    report = finish(tmp_path, child_rc=0, suite="standard")
+    assert report["left_out"] == [{"id": nodeid, "reason": why} for nodeid, why in sorted(left_out.items())]
+    assert report["summary"]["total"] == 1, "a check left out is not a result"
+    markdown = (tmp_path / "report.md").read_text()
+    assert "Left out by suite `standard` (2 checks; `--suite all` runs every check):" in markdown, markdown
+    assert "ZeRO-0 at 2 ranks in bf16" in markdown
+    assert "`test_zero_stage_loss_matches_cpu_reference[zero0-fp32-2rank]`" in markdown
+    assert "2 left out by suite standard" in run_command._summary_line(report)
+
+
+def test_a_run_that_left_nothing_out_says_nothing_of_it(tmp_path):
+    write_parts(tmp_path, [result(f"{DEVICE}::test_synchronize[None]", "passed", "synchronize")])
+    report = finish(tmp_path, child_rc=0, suite="interface")
+    assert report["left_out"] == [] and "Left out" not in (tmp_path / "report.md").read_text()
+
+
 def test_suite_without_the_interface_area_does_not_list_interface_methods(tmp_path):
     write_parts(tmp_path, [])
     finish(tmp_path, child_rc=0, suite="launcher")

@@ -104,10 +104,30 @@ def test_smoke_suite_runs_some_but_not_all_checks_of_every_area():
     assert sum(suites.selects("smoke", i) for i in ids) < len(ids)
 
 
+def test_standard_suite_leaves_to_the_nightly_only_what_its_table_names_and_keeps_the_smoke_checks():
+    ids = _conformance_ids()
+    standard = [i for i in ids if suites.selects("standard", i)]
+    left_out = set(ids) - set(standard)
+    for area, entries in suites.NIGHTLY.items():
+        of_area = [i for i in ids if suites.area_of_module(i.split("::")[0]) == area]
+        for pattern, kept_by in entries.items():
+            matched = [i for i in of_area if suites.id_matches(pattern, i)]
+            assert matched, f"NIGHTLY[{area!r}] pattern {pattern!r} matches no check"
+            assert kept_by, f"NIGHTLY[{area!r}][{pattern!r}] names no check that keeps its capability"
+        assert set(of_area) - left_out, f"the standard suite runs no check of area {area!r}"
+    assert 0 < len(left_out) <= len(ids) // 10, f"the standard suite leaves {len(left_out)} of {len(ids)} checks out"
+    smoke_left_out = [i for i in ids if suites.selects("smoke", i) and i in left_out]
+    assert not smoke_left_out, f"smoke checks the standard suite leaves out: {smoke_left_out}"
+    assert all(suites.selects("all", i) for i in ids)
+    assert suites.left_out_by("standard", left_out.pop()).startswith("left to suite all (nightly)")
+
+
 def test_selective_suites_drop_expectations_they_cannot_match():
     assert suites.may_select("smoke", "conformance/test_zero_equivalence.py::test_z[zero2-fp32-1rank]")
     assert not suites.may_select("smoke", "conformance/test_zero_equivalence.py::test_z[zero1-fp32-2rank]")
     assert suites.may_select("zero", "conformance/test_zero_equivalence.py::test_z[zero1-fp32-2rank]")
+    assert not suites.may_select("standard", "conformance/test_zero_equivalence.py::test_z[zero1-fp32-2rank]")
+    assert suites.may_select("standard", "conformance/test_zero_equivalence.py::test_z[zero1-bf16-2rank]")
 
 
 def test_missing_dependencies_exit_2_with_one_line(tmp_path):

@@ -32,11 +32,20 @@ def run_steps(workflow):
 
 
 def test_there_are_a_pull_request_and_two_nightly_workflows():
-    assert {path.name for path in WORKFLOWS} == {"pull-request.yml", "nightly-tpu.yml", "nightly-upstream.yml"}
+    assert {path.name for path in WORKFLOWS} == {"pull-request.yml", "nightly-tpu.yml", "nightly-cpu.yml"}
+
+
+def test_every_conformance_check_runs_nightly_on_cpu_and_tpu():
+    # the standard suite (tox -e cpu) and the pull-request job's smoke suite leave checks to the nightly
+    for name, command in (("nightly-cpu.yml", "tox -e cpu -- --suite all"), ("nightly-tpu.yml", "tox -e tpu")):
+        assert command in "\n".join(run_steps(REPO / ".github" / "workflows" / name)), f"{name} does not run {command}"
+    tox = configparser.ConfigParser()
+    tox.read(REPO / "tox.ini")
+    assert "--suite all" in tox["testenv:tpu"]["commands"] and "--suite standard" in tox["testenv:cpu"]["commands"]
 
 
 def test_deepspeeds_own_tests_run_whole_nightly_and_their_subset_in_pull_requests():
-    nightly = "\n".join(run_steps(REPO / ".github" / "workflows" / "nightly-upstream.yml"))
+    nightly = "\n".join(run_steps(REPO / ".github" / "workflows" / "nightly-cpu.yml"))
     pull_request = "\n".join(run_steps(REPO / ".github" / "workflows" / "pull-request.yml"))
     assert "tox -e upstream" in nightly and "--subset" not in nightly
     assert "tox -e upstream" in pull_request and "--subset pr" in pull_request

@@ -165,6 +165,8 @@ def _summary_line(report):
             f"{s['xpassed']} xpassed, "
             f"{s['skipped']} skipped" + (f", {s['flaky']} flaky" if s["flaky"] else "")
             + f" ({s['total']} total" + (f", each run {report['repeat']} times)" if report["repeat"] > 1 else ")"))
+    if report["left_out"]:
+        line += f"; {len(report['left_out'])} left out by suite {report['suite']} (report.md says why)"
     if "interface" in suites.SUITES[report["suite"]]:
         line += f"; interface coverage {cov['checked']}/{cov['total']}"
         if cov["unchecked"]:

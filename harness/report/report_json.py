@@ -5,7 +5,7 @@ from pathlib import Path
 
 from harness.session import checklist
 from harness.session.outcomes import build_result
-from harness.session.events import RESULTS_FILE, SESSION_FILE, append_event, read_events
+from harness.session.events import LEFT_OUT_FILE, RESULTS_FILE, SESSION_FILE, append_event, read_events
 from harness.session.suites import area_of_module
 
 SCHEMA_VERSION = 1
@@ -16,7 +16,8 @@ FAILING = ("failed", "error", "flaky")
 
 
 def read_parts(parts_dir):
-    """(results, session) from a run's parts directory.
+    """(results, session) from a run's parts directory; session["left_out"] maps each check the suite left out
+    to why ({} when it left none out).
 
     A test that started but has no result lost its process (a crash, a kill, a timeout
     that ended the process): it is reported as an error, naming that.
@@ -24,6 +25,8 @@ def read_parts(parts_dir):
     parts_dir = Path(parts_dir)
     session_path = parts_dir / SESSION_FILE
     session = json.loads(session_path.read_text()) if session_path.is_file() else {}
+    left_out_path = parts_dir / LEFT_OUT_FILE
+    session["left_out"] = json.loads(left_out_path.read_text()) if left_out_path.is_file() else {}
     results, started = {}, []
     for record in _events(parts_dir):
         event = record.pop("event", None)
@@ -95,7 +98,8 @@ def interface_coverage(results, methods):
 
 def build(*, run_id, suite, results, session, environment, complete, unmatched_expectations, artifacts):
     """The report.json dict (schema_version SCHEMA_VERSION): run id, suite, completeness, summary and per-area counts, the
-    results, interface coverage, expectations (unmatched entries, xpassed ids), environment and artifact paths."""
+    results, the checks the suite left out (id, reason), interface coverage, expectations (unmatched entries, xpassed
+    ids), environment and artifact paths."""
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": run_id,
@@ -105,6 +109,7 @@ def build(*, run_id, suite, results, session, environment, complete, unmatched_e
         "areas": by_area(results),
         "results": results,
         "coverage": {"interface": interface_coverage(results, session.get("interface_methods", []))},
+        "left_out": [{"id": nodeid, "reason": why} for nodeid, why in sorted(session.get("left_out", {}).items())],
         "expectations": {"unmatched": unmatched_expectations,
                          "xpassed": [r["id"] for r in results if r["status"] == "xpassed"]},
         "environment": {**environment, "accelerator_class": session.get("accelerator_class")},

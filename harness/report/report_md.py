@@ -164,6 +164,21 @@ def _performance_section(report):
     return lines
 
 
+def _left_out_section(report):
+    """The checks the suite left out, by reason: ids where a reason covers a few, else their count."""
+    by_reason = {}
+    for entry in report.get("left_out", ()):
+        by_reason.setdefault(entry["reason"], []).append(entry["id"])
+    if not by_reason:
+        return []
+    lines = ["", f"Left out by suite `{report['suite']}` ({sum(map(len, by_reason.values()))} checks; `--suite all` "
+             "runs every check):"]
+    for reason, ids in by_reason.items():
+        named = ", ".join(f"`{nodeid.rsplit('::', 1)[-1]}`" for nodeid in ids) if len(ids) <= 4 else f"{len(ids)} checks"
+        lines.append(f"- {_cell(reason)}: {named}")
+    return lines
+
+
 def render(report, level=LEVELS[0]):
     """report.md's Markdown for `report` (a report.json dict) at one of LEVELS (evidence/traceback characters, all results
     listed, details per failure), redacted; no size limit: render_within_limit() keeps it under LIMIT_BYTES."""
@@ -190,6 +205,7 @@ def render(report, level=LEVELS[0]):
     unrun = [area for area in SUITES.get(report["suite"], ()) if area not in report["areas"]]
     if unrun:
         lines += ["", f"No check ran in: {', '.join(f'`{area}`' for area in unrun)}."]
+    lines += _left_out_section(report)
     lines += _reference_sources(report["results"])
     lines += _upstream_section(report)
     lines += _performance_section(report)

@@ -1,9 +1,10 @@
 """The JSON-lines event streams a run's sessions write as they go, and their one reader.
 
 A check session (session/plugin.py) streams into <run dir>/parts/RESULTS_FILE, beside the session's facts in
-SESSION_FILE; DeepSpeed's own test session under `upstream` (upstream/upstream_plugin.py) into the file its runner
-names. One event per line ({"event": "collected" | "start" | "result" | ..., ...}), flushed per line, so a process
-that is killed still leaves what it did; a line it cut short is skipped when read.
+SESSION_FILE and the checks its suite left out (with the reason) in LEFT_OUT_FILE; DeepSpeed's own test session
+under `upstream` (upstream/upstream_plugin.py) into the file its runner names. One event per line
+({"event": "collected" | "start" | "result" | ..., ...}), flushed per line, so a process that is killed still
+leaves what it did; a line it cut short is skipped when read.
 """
 
 import json
@@ -11,6 +12,7 @@ from pathlib import Path
 
 RESULTS_FILE = "results.jsonl"
 SESSION_FILE = "session.json"
+LEFT_OUT_FILE = "left_out.json"
 
 
 class EventStream:

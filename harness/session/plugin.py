@@ -20,8 +20,8 @@ from harness.session import checklist
 from harness.training import references
 from harness.session.outcomes import TIMEOUT_MARK, build_result, result_record
 from harness.report.run_dir import OUT_ENV
-from harness.session.events import RESULTS_FILE, SESSION_FILE, EventStream
-from harness.session.suites import AREAS, SUITES, area_of_module, selects
+from harness.session.events import LEFT_OUT_FILE, RESULTS_FILE, SESSION_FILE, EventStream
+from harness.session.suites import AREAS, SUITES, area_of_module, left_out_by
 
 CANDIDATE_RESULT_ID = "candidate"
 
@@ -110,10 +110,12 @@ class HarnessSession:
             config.hook.pytest_deselected(items=list(items))
             items.clear()
             return
-        suite, selected, deselected = config.getoption("harness_suite"), [], []
+        suite, selected, deselected, left_out = config.getoption("harness_suite"), [], [], {}
         for item in items:
-            if not selects(suite, item.nodeid):
+            why = left_out_by(suite, item.nodeid)
+            if why is not None:
                 deselected.append(item)
+                left_out[item.nodeid] = why
                 continue
             selected.append(item)
             area, problem = self._area(item)
@@ -132,6 +134,19 @@ class HarnessSession:
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = selected
+        self._write_left_out(left_out)
+
+    def _write_left_out(self, left_out):
+        """The checks the suite left out, for the report. Under xdist the workers collect, each the same checks;
+        a session resumed after a crash collects only the checks left to run, and leaves the file as it is."""
+        out = self.config.getoption("harness_out")
+        if not out or not left_out:
+            return
+        path = Path(out) / "parts" / LEFT_OUT_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f"{path.name}.{os.getpid()}")
+        partial.write_text(json.dumps(left_out, indent=1))
+        partial.replace(path)  # atomic: workers write at once, the report never reads half a file
 
     @staticmethod
     def _area(item):
