@@ -5,9 +5,9 @@ at two like the CPU reference, passes each area's smoke checks (pipeline, checkp
 from CPU, graphs per step, lowering), and stops compiling after warm-up. Candidates with a real
 defect are caught where it shows, on exactly the checks listed in CAUGHT.
 
-The whole suite (every ZeRO stage, precision and world size, every script pattern at two ranks,
-all checkpoint moves, both pipeline layouts) is the main job, `tox -e cpu`, not a test here:
-these runs are the share of it that fits the tests' time on 2 cores.
+The conformance suite (every ZeRO stage, precision and world size, every script pattern at two ranks,
+the checkpoint moves, the pipeline layouts) is the main job, `tox -e cpu` (its standard suite; every check
+nightly), not a test here: these runs are the share of it that fits the tests' time on 2 cores.
 """
 
 import pytest
