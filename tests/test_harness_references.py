@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -72,6 +73,19 @@ steps = 8
     zero2, zero3 = training_cases("resumes", table)
     assert (zero2.id, zero2.ranks, zero2.steps, zero2.area_fields) == ("zero2", 2, 6, {"save_after": 3})
     assert (zero3.steps, zero3.area_fields) == (8, {"save_after": 3})
+
+
+def test_a_reference_config_is_what_the_reference_trains_and_part_of_its_provenance(monkeypatch):
+    qwz = next(case for case in CASES if case.reference_config)
+    assert qwz.reference_config in qwz.sources and qwz.config in qwz.sources
+    assert references.provenance(qwz)["case"]["reference_config"] == qwz.reference_config
+    assert "reference_config" not in references.provenance(CHEAP)["case"]
+    trained = []
+    monkeypatch.setattr("harness.training.training.run_training",
+                        lambda script, config, candidate, workdir, **kw: trained.append((config.name, candidate)))
+    qwz.run(None, "unused")
+    qwz.run("the candidate", "unused")
+    assert trained == [(Path(qwz.reference_config).name, None), (Path(qwz.config).name, "the candidate")]
 
 
 def _provenance():

@@ -24,9 +24,9 @@ REFERENCE_RUNS = {
     # or without torch_xla, a TPU hostfile out of order (the interface area runs in test_harness_candidates, three
     # times over)
     "smoke": ("smoke", "not test_interface and not test_collective and not test_user_script", 44),
-    # stages 0-3, accumulation + activation checkpointing, ZeRO-3 without contiguous gradients at 2 ranks;
-    # ZeRO++'s hierarchical partitioning at 4
-    "zero-fp32": ("zero", "(2rank or 4rank) and fp32", 7),
+    # stages 0-3, accumulation + activation checkpointing, ZeRO-3 without contiguous gradients, ZeRO++'s
+    # quantized weights at 2 ranks; ZeRO++'s hierarchical partitioning at 4
+    "zero-fp32": ("zero", "(2rank or 4rank) and fp32", 8),
     "scripts-1rank-zero3": ("scripts", "1rank and zero3", 7),
     "collectives": ("collectives", None, 2 * 42),  # fixtures/collectives.py cases at 2 and 4 ranks
 }

@@ -1,11 +1,11 @@
 """Stored reference curves: fixtures/references/<backend>/<area>/<case>.json.
 
-A training case's reference is the same script and config trained on DeepSpeed's CPU
-accelerator. By default a check computes it live, in the same run as the candidate.
-`--reference stored` uses the curve recorded by `python -m harness references` (`tox -e
-reference`) instead, while it is fresh: recorded from the same script and config bytes, the
-same case (ranks, steps, args) and the same torch and DeepSpeed. A stale or missing curve is
-computed live, and the check's evidence says why. Losses are stored as JSON floats, which
+A training case's reference is the same script and config trained on DeepSpeed's CPU accelerator (or
+the case's reference_config, where its own needs what that accelerator lacks). By default a check
+computes it live, in the same run as the candidate. `--reference stored` uses the curve recorded by
+`python -m harness references` (`tox -e reference`) instead, while it is fresh: recorded from the same
+script and config bytes, the same case (ranks, steps, args) and the same torch and DeepSpeed. A stale
+or missing curve is computed live, and the check's evidence says why. Losses are stored as JSON floats, which
 round-trip exactly.
 """
 
@@ -71,7 +71,8 @@ def provenance(case):
     return {
         "case": {"script": case.script, "config": case.config, "ranks": case.ranks, "steps": case.steps,
                  "args": list(case.args),
-                 **({"reference_ranks": case.reference_ranks} if case.reference_ranks is not None else {})},
+                 **({"reference_ranks": case.reference_ranks} if case.reference_ranks is not None else {}),
+                 **({"reference_config": case.reference_config} if case.reference_config is not None else {})},
         "sources": {name: _sha256(FIXTURES / name) for name in case.sources},
         "stack": {"torch": installed_version("torch"), "deepspeed": installed_version("deepspeed"),
                   "deepspeed_git": source_revision("deepspeed")},

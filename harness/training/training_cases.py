@@ -25,6 +25,10 @@ class TrainingCase:
     # the ranks of the reference run, where it cannot run on `ranks` (Trainer and Accelerate run DeepSpeed on the CPU
     # accelerator in one process only): the one-process run with the same global batch; None: `ranks`
     reference_ranks: int | None = None
+    # the config the reference trains, where the case's cannot run on DeepSpeed's CPU accelerator (ZeRO++'s
+    # quantized weights: it has no quantizer): the same training without that feature, compared within the
+    # case's own tolerance row; None: `config`
+    reference_config: str | None = None
     # hosts the candidate's ranks are spread over (`deepspeed --hostfile`, ranks / hosts per host, on a bed of
     # hosts on this machine: harness/multihost.py); the reference trains the same ranks on one host
     hosts: int = 1
@@ -33,15 +37,18 @@ class TrainingCase:
 
     @property
     def sources(self):
-        """The fixture files the case's losses depend on (besides the installed stack)."""
-        return (self.script, self.config)
+        """The fixture files the case's losses (the candidate's and the reference's) depend on, besides the
+        installed stack."""
+        return (self.script, self.config) + ((self.reference_config, ) if self.reference_config else ())
 
     def run(self, candidate, workdir, extra_args=(), timeout=600):
         """Train this case on `candidate` (None: DeepSpeed's CPU accelerator), its args followed by
-        `extra_args`; a TrainingRun. The reference trains on `reference_ranks` where set, on one host."""
+        `extra_args`; a TrainingRun. The reference trains on `reference_ranks` and with `reference_config` where
+        set, on one host."""
         from harness.training.training import run_training
         ranks = self.ranks if candidate is not None or self.reference_ranks is None else self.reference_ranks
-        return run_training(FIXTURES / self.script, FIXTURES / self.config, candidate, workdir,
+        config = self.config if candidate is not None or self.reference_config is None else self.reference_config
+        return run_training(FIXTURES / self.script, FIXTURES / config, candidate, workdir,
                             world_size=ranks, steps=self.steps,
                             launcher="python" if ranks == 1 else "deepspeed",
                             hosts=self.hosts if candidate is not None else 1,
