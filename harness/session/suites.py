@@ -108,8 +108,9 @@ def left_out_by(suite, test_id):
         if any(id_matches(pattern, test_id) for pattern in SELECTIONS[suite].get(area, ())):
             return None
         return f"not one of the {suite} suite's checks of area {area}"
-    reasons = [why for pattern, why in EXCLUSIONS.get(suite, {}).get(area, {}).items() if id_matches(pattern, test_id)]
-    return f"left to suite all (nightly); its capability checked here by {reasons[0]}" if reasons else None
+    kept_by = next((why for pattern, why in EXCLUSIONS.get(suite, {}).get(area, {}).items()
+                    if id_matches(pattern, test_id)), None)
+    return f"left to suite all (nightly); its capability checked here by {kept_by}" if kept_by else None
 
 
 def id_matches(pattern, test_id):
