@@ -13,6 +13,8 @@ nightly), not a test here: these runs are the share of it that fits the tests' t
 import pytest
 from helpers import CANDIDATES, failed_ids, run_harness
 
+from harness.session import suites
+
 # run -> (suite, pytest -k selection or None, the number of checks deepspeed_xla runs there);
 # every one must pass. Long suites are split so that test workers share them.
 # The longest first (tests/conftest.py runs slow tests in collection order, ahead of the rest).
@@ -133,3 +135,15 @@ def test_broken_candidate_fails_on_its_checks(tmp_path, candidate):
     status, report = run_suite(tmp_path, suite, candidate, selection)
     assert status == 1 and failed_ids(report) == expected, (
         f"{candidate}, {suite} suite: exit {status}, failed {sorted(failed_ids(report))}, expected {sorted(expected)}")
+
+
+@pytest.mark.timeout(600)
+def test_standard_suite_reports_the_checks_it_leaves_to_the_nightly(tmp_path):
+    # one cheap check runs; the suite's choice is made before -k, so every NIGHTLY check is listed, none as a result
+    status, report = run_suite(tmp_path, "standard", selection="zero0-fp32")
+    ran = {r["id"] for r in report["results"]}
+    left_out = {entry["id"]: entry["reason"] for entry in report["left_out"]}
+    zero0_2rank = "conformance/test_zero_equivalence.py::test_zero_stage_loss_matches_cpu_reference[zero0-fp32-2rank]"
+    assert status == 0 and ran == {zero0_2rank.replace("2rank", "1rank")}, (status, ran)
+    assert left_out.get(zero0_2rank) == suites.left_out_by("standard", zero0_2rank), left_out
+    assert len(left_out) == sum(map(len, suites.NIGHTLY.values())) and not ran & left_out.keys(), sorted(left_out)
