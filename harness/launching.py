@@ -5,11 +5,14 @@ behind that outlives it: no rank, and no shared-memory segment of DeepSpeed's CP
 """
 
 import dataclasses
+import fcntl
 import os
+import random
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -20,6 +23,11 @@ DEEPSPEED_RUNNER = ("-m", "deepspeed.launcher.runner")
 SHM_DIR = Path("/dev/shm")
 SESSION_LEADER = Path(__file__).with_name("session_leader.py")
 SHM_SETTLE_S = 5.0  # a job maps its buffer microseconds after writing it: older and unmapped means abandoned
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+PORT_FLOOR = 20000  # rendezvous ports from here up to the kernel's ephemeral range
+PORT_TRIES = 200
+PORT_LOCKS = Path(tempfile.gettempdir()) / f"deepspeed-xla-ports-{os.getuid()}"
+_reserved_ports = {}  # port -> the open file whose lock reserves it
 
 
 @dataclasses.dataclass
@@ -33,11 +41,67 @@ class Launch:
     port: int | None = None
 
 
-def free_port():
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
+def _ephemeral_ports_start(path=EPHEMERAL_RANGE):
+    """The lowest port the kernel hands out on its own (bind to port 0, a connection's source port)."""
+    try:
+        return int(Path(path).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def rendezvous_ports():
+    """The ports free_port picks from: PORT_FLOOR up to the kernel's ephemeral range (all of them from
+    PORT_FLOOR up, where that range starts lower)."""
+    start = _ephemeral_ports_start()
+    return range(PORT_FLOOR, start if start > PORT_FLOOR else 65536)
+
+
+def _bindable(port):
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore binds: TIME_WAIT is no bar
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port():
+    """A TCP port for a job's rendezvous (MASTER_PORT) that nothing listens on now, reserved for this
+    process until `release_port(port)` (run_in_session releases its port) or until it exits.
+
+    Rank 0 binds the port seconds after it is chosen, once its imports are done. A port that the kernel
+    picked (bind to port 0) is free for anyone meanwhile: another job's pick, or any connection's source
+    port, may take it, and rank 0 then fails with EADDRINUSE. So ports come from below the kernel's
+    ephemeral range, at random, each reserved by an exclusive lock on a file under PORT_LOCKS that every
+    harness process of this user respects (released by the kernel if the process dies).
+    Raises OSError when none of PORT_TRIES ports is free.
+    """
+    PORT_LOCKS.mkdir(mode=0o700, exist_ok=True)
+    ports = rendezvous_ports()
+    picks = random.sample(ports, min(PORT_TRIES, len(ports)))
+    for port in picks:
+        if port in _reserved_ports:
+            continue
+        lock = open(PORT_LOCKS / str(port), "a")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # another harness process holds it
+            lock.close()
+            continue
+        if _bindable(port):
+            _reserved_ports[port] = lock
+            return port
+        lock.close()
+    raise OSError(f"no free TCP port among {len(picks)} tried in {ports[0]}-{ports[-1]} (listened on, or "
+                  f"reserved by other harness processes under {PORT_LOCKS}): end what holds them, then run again")
+
+
+def release_port(port):
+    """Give up this process's reservation of `port` (from free_port); nothing when it holds none."""
+    lock = _reserved_ports.pop(port, None)
+    if lock is not None:
+        lock.close()
 
 
 def single_rank_env(port=None):
@@ -101,7 +165,7 @@ def run_in_session(cmd, env, workdir, log_path, timeout, port=None):
     """Run `cmd` in its own session and, whatever happens (exit, failure, timeout), kill the
     whole session before returning, so no rank a launcher started outlives the run; then release
     the shared-memory buffers of the job on `port`. The session's leader (session_leader.py) kills
-    it as well if this process dies first, a SIGKILL included."""
+    it as well if this process dies first, a SIGKILL included. `port` (from free_port) is released last."""
     start = time.monotonic()
     with open(log_path, "w") as log:
         proc = None
@@ -123,6 +187,7 @@ def run_in_session(cmd, env, workdir, log_path, timeout, port=None):
                 proc.wait()
             if port is not None:
                 release_shm_buffers(port)
+                release_port(port)
     return Launch(proc.returncode, Path(log_path).read_text(), time.monotonic() - start, timed_out, port)
 
 

@@ -68,3 +68,10 @@ def run_harness(tmp_path, *args):
 def failed_ids(report):
     """The ids, without "conformance/", of the checks that failed or errored in `report`."""
     return {r["id"].removeprefix("conformance/") for r in report["results"] if r["status"] in ("failed", "error")}
+
+
+def failures(report, lines=6):
+    """Each failed or errored check of `report`, with the first `lines` lines of its message: what a failing
+    test prints, so that a failure seen once (on CI) explains itself."""
+    return "".join(f"\n{r['id'].removeprefix('conformance/')}: {chr(10).join(r['message'].splitlines()[:lines])}"
+                   for r in report["results"] if r["status"] in ("failed", "error"))

@@ -2,6 +2,7 @@
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -10,7 +11,7 @@ import psutil
 import pytest
 from helpers import alive, gone_within
 
-from harness import child_processes
+from harness import child_processes, launching
 from harness.launching import SHM_DIR, launch, release_shm_buffers, release_unused_shm_buffers, run_in_session
 from harness.paths import FIXTURES, REPO
 from harness.training.training import TrainingFailed, run_training
@@ -48,6 +49,47 @@ def test_release_unused_shm_buffers_keeps_older_and_mapped_ones(tmp_path):
     (proc / "4242" / "maps").write_text(f"7f00-7f10 rw-s 00000000 00:1a 99   {in_use}\n7f20-7f30 rw-p 00000000 00:00 0 \n")
     assert release_unused_shm_buffers(since, shm, proc) == 1
     assert not left.exists() and older.exists() and in_use.exists() and other_user.exists() and just_made.exists()
+
+
+HOLD_PORT = """
+import sys
+from pathlib import Path
+from harness import launching
+launching.rendezvous_ports, launching.PORT_LOCKS = lambda: [{port}], Path({locks!r})
+print(launching.free_port(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_free_port_gives_each_port_to_one_process_at_a_time(tmp_path, monkeypatch):
+    """A job's rendezvous port stays its own from the pick until the job ends: never one something listens
+    on, never one another harness process holds, the same port again once its holder released it or died."""
+    listener = socket.create_server(("", 0))
+    busy = listener.getsockname()[1]
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        free = probe.getsockname()[1]
+    locks = tmp_path / "locks"
+    monkeypatch.setattr(launching, "rendezvous_ports", lambda: [busy, free])
+    monkeypatch.setattr(launching, "PORT_LOCKS", locks)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_PORT.format(port=free, locks=str(locks))], cwd=REPO,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with listener:
+        try:
+            assert holder.stdout.readline().strip() == str(free)
+            with pytest.raises(OSError, match=f"no free TCP port among 2 tried in {busy}-{free}"):
+                launching.free_port()
+        finally:
+            holder.stdin.close()
+            holder.wait(timeout=60)
+        assert launching.free_port() == free  # the holder's exit ended its reservation
+        try:
+            with pytest.raises(OSError):
+                launching.free_port()  # this process's own reservation counts too
+        finally:
+            launching.release_port(free)
+        assert launching.free_port() == free
+        launching.release_port(free)
 
 
 def test_a_cpu_accelerator_job_leaves_no_shm_buffer(tmp_path):

@@ -11,7 +11,7 @@ nightly), not a test here: these runs are the share of it that fits the tests' t
 """
 
 import pytest
-from helpers import CANDIDATES, failed_ids, run_harness
+from helpers import CANDIDATES, failed_ids, failures, run_harness
 
 from harness.session import suites
 
@@ -120,7 +120,7 @@ def test_reference_candidate_passes(tmp_path, run):
     status, report = run_suite(tmp_path, suite, selection=selection)
     summary = report["summary"]
     assert status == 0 and summary["passed"] == summary["total"] == checks, (
-        f"deepspeed_xla, {run}: exit {status}, {summary}; failed {sorted(failed_ids(report))}")
+        f"deepspeed_xla, {run}: exit {status}, {summary}; failed:{failures(report)}")
     curves = [r["evidence"] for r in report["results"] if "reference" in r["evidence"]]
     assert all(e["max_rel_err"] <= e["rtol"] for e in curves), "a passed curve check is outside its tolerance"
     live = [e["reference_note"] for e in curves if e.get("reference_source") == "live"]
