@@ -30,9 +30,10 @@ def covering(method, *values):
     return pytest.param(method, *values, id=method, marks=pytest.mark.covers(method))
 
 
-def training_case_params(area):
-    """The cases of `area` in fixtures/training_cases.toml as pytest parameters, each with its id."""
-    return [pytest.param(case, id=case.id) for case in training_cases(area)]
+def training_case_params(area, where=lambda case: True):
+    """The cases of `area` in fixtures/training_cases.toml for which `where(case)` holds, as pytest parameters,
+    each with its id."""
+    return [pytest.param(case, id=case.id) for case in training_cases(area) if where(case)]
 
 
 @functools.cache
