@@ -4,8 +4,8 @@
 report_junit.py and report_md.py each render one format.
 """
 
-import os
 
+from harness.atomic_files import write_text_atomically
 from harness.report import report_json, report_junit, report_md
 
 
@@ -25,12 +25,7 @@ def _write_summaries(report, out):
     # render, or an interrupted write, leaves the files as they were.
     texts = {"report.json": report_json.dumps(report), "report.md": report_md.render_within_limit(report)}
     for name, text in texts.items():
-        staged = out / f".{name}.tmp"
-        try:
-            staged.write_text(text, encoding="utf-8")
-            os.replace(staged, out / name)
-        finally:
-            staged.unlink(missing_ok=True)
+        write_text_atomically(out / name, text)
 
 
 def exit_status(report):

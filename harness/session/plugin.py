@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from harness import environment
+from harness.atomic_files import write_text_atomically
 from harness.candidate import candidate_env, candidates
 from harness.session import checklist
 from harness.training import references
@@ -144,9 +145,7 @@ class HarnessSession:
             return
         path = Path(out) / "parts" / LEFT_OUT_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f"{path.name}.{os.getpid()}")
-        partial.write_text(json.dumps(left_out, indent=1))
-        partial.replace(path)  # atomic: workers write at once, the report never reads half a file
+        write_text_atomically(path, json.dumps(left_out, indent=1))  # workers write at once
 
     @staticmethod
     def _area(item):

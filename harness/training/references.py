@@ -13,10 +13,10 @@ import dataclasses
 import datetime
 import hashlib
 import json
-import os
 import platform
 from pathlib import Path
 
+from harness.atomic_files import write_text_atomically
 from harness.environment import installed_version, source_revision
 from harness.training.loss_comparison import compare_losses
 from harness.paths import FIXTURES, REFERENCES, REPO
@@ -123,10 +123,7 @@ def record(case, losses, root=REFERENCES):
                         "machine": platform.machine(), "cpu": _cpu_model()},
         "losses": [float(x) for x in losses],
     }
-    scratch = path.with_suffix(".json.tmp")
-    scratch.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(scratch, path)
-    return path
+    return write_text_atomically(path, json.dumps(data, indent=1) + "\n")
 
 
 def _cpu_model():
