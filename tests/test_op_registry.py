@@ -2,6 +2,7 @@
 compatibility (deepspeed_xla/op_builder/)."""
 
 import textwrap
+from pathlib import Path
 
 from helpers import last_json, run_python
 
@@ -30,3 +31,24 @@ def test_ds_report_lists_the_ops():
     assert proc.returncode == 0, proc.stderr[-2000:]
     for name in ("fused_adam", "cpu_adam", "transformer_inference"):
         assert any(line.startswith(f"{name} .") for line in proc.stdout.splitlines()), f"ds_report does not list {name}"
+
+
+def test_a_deepspeed_source_layout_gets_its_own_host_builders(tmp_path):
+    """A DeepSpeed source checkout on sys.path, or an editable install, also has DeepSpeed's builders as the
+    top-level package `op_builder` (in the repository, deepspeed/ops/op_builder links to it). DeepSpeed's CPU
+    builders import it while `deepspeed.ops.op_builder.cpu` is half imported; the host-side builders must then
+    come from `op_builder.cpu`, as DeepSpeed's own accelerators take them, or `import deepspeed` fails with a
+    circular import."""
+    import deepspeed.ops.op_builder
+    (tmp_path / "op_builder").symlink_to(Path(deepspeed.ops.op_builder.__file__).parent)
+    code = textwrap.dedent("""
+        import json
+        import deepspeed.comm, deepspeed.ops
+        from deepspeed.accelerator import get_accelerator
+        print(json.dumps({"ops": deepspeed.ops.__compatible_ops__,
+                          "host_side": get_accelerator().get_op_builder("CPUAdamBuilder").__module__}))
+    """)
+    wheel = last_json(run_python(code, "xla"))
+    source = last_json(run_python(code, "xla", {"PYTHONPATH": str(tmp_path)}))
+    assert source["host_side"] == "op_builder.cpu.cpu_adam" and wheel["host_side"] != source["host_side"]
+    assert source["ops"] == wheel["ops"], "the source layout lists other ops, or other compatibilities, than the wheel"

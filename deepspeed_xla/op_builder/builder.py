@@ -139,13 +139,26 @@ def _op_name(class_name):
     return class_name[:-len("Builder")] if class_name.endswith("Builder") else class_name
 
 
+def _cpu_builders():
+    """DeepSpeed's CPU builder module, chosen as DeepSpeed's own accelerators choose theirs: the top-level
+    `op_builder` package where it is DeepSpeed's (a source checkout on sys.path, an editable install), else the
+    wheel's `deepspeed.ops.op_builder.cpu`. There, DeepSpeed's CPU builders import the top-level package, whose
+    __init__ asks the accelerator for every builder while `deepspeed.ops.op_builder.cpu` is still half imported:
+    taking that one fails with a circular import."""
+    try:
+        from op_builder import __deepspeed__  # noqa: F401
+        from op_builder import cpu
+    except ImportError:
+        from deepspeed.ops.op_builder import cpu
+    return cpu
+
+
 def get_builder_class(class_name):
     """The builder class DeepSpeed gets for `class_name` on XLA (see the module rule)."""
     if class_name in _TORCH_NATIVE:
         return _TORCH_NATIVE[class_name]
     if class_name in _HOST_SIDE:
-        from deepspeed.ops.op_builder import cpu
-        return getattr(cpu, class_name)
+        return getattr(_cpu_builders(), class_name)
     if class_name not in _NOT_AVAILABLE:
         _NOT_AVAILABLE[class_name] = type(class_name, (NotAvailableOnXlaBuilder, ), {"NAME": _op_name(class_name)})
     return _NOT_AVAILABLE[class_name]
