@@ -81,12 +81,10 @@ def free_port():
     ports = rendezvous_ports()
     picks = random.sample(ports, min(PORT_TRIES, len(ports)))
     for port in picks:
-        if port in _reserved_ports:
-            continue
         lock = open(PORT_LOCKS / str(port), "a")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:  # another harness process holds it
+        except BlockingIOError:  # held: by another harness process, or by this one (flock locks per open file)
             lock.close()
             continue
         if _bindable(port):

@@ -65,13 +65,17 @@ def run_harness(tmp_path, *args):
     return proc.returncode, report, proc.stderr
 
 
+def _failed(report):
+    """The results of `report` that failed or errored, each with its id without "conformance/"."""
+    return [(r["id"].removeprefix("conformance/"), r) for r in report["results"] if r["status"] in ("failed", "error")]
+
+
 def failed_ids(report):
     """The ids, without "conformance/", of the checks that failed or errored in `report`."""
-    return {r["id"].removeprefix("conformance/") for r in report["results"] if r["status"] in ("failed", "error")}
+    return {check for check, _ in _failed(report)}
 
 
 def failures(report, lines=6):
     """Each failed or errored check of `report`, with the first `lines` lines of its message: what a failing
     test prints, so that a failure seen once (on CI) explains itself."""
-    return "".join(f"\n{r['id'].removeprefix('conformance/')}: {chr(10).join(r['message'].splitlines()[:lines])}"
-                   for r in report["results"] if r["status"] in ("failed", "error"))
+    return "".join(f"\n{check}: " + "\n".join(r["message"].splitlines()[:lines]) for check, r in _failed(report))

@@ -60,19 +60,19 @@ def run_training(script, config, candidate, workdir, *, world_size=1, steps=6, l
         env["USE_TORCH_XLA"] = "0"
     args = [str(script), "--deepspeed_config", str(config), "--steps", str(steps), "--losses-out",
             str(losses_file), *map(str, extra_args)]
-    port = free_port()
+    if launcher not in ("python", "deepspeed"):
+        raise ValueError(f"unknown launcher {launcher!r}: expected 'python' or 'deepspeed'")
+    if launcher == "python" and world_size != 1:
+        raise ValueError("launcher='python' starts a single rank; use launcher='deepspeed' for more")
     if hosts > 1 and (launcher != "deepspeed" or world_size % hosts):
         raise ValueError(f"{world_size} ranks over {hosts} hosts: several hosts need launcher='deepspeed' and "
                          "the same number of ranks on each")
+    port = free_port()  # reserved until run_in_session ends
     if launcher == "python":
-        if world_size != 1:
-            raise ValueError("launcher='python' starts a single rank; use launcher='deepspeed' for more")
         env.update(single_rank_env(port))
         cmd = [sys.executable, *args]
-    elif launcher == "deepspeed":
-        cmd = deepspeed_command(["--num_gpus", str(world_size)], args, port)
     else:
-        raise ValueError(f"unknown launcher {launcher!r}: expected 'python' or 'deepspeed'")
+        cmd = deepspeed_command(["--num_gpus", str(world_size)], args, port)
     if hosts == 1:
         run = run_in_session(cmd, env, workdir, workdir / f"train-{label}.log", timeout, port=port)
         left_behind = {}
