@@ -71,3 +71,14 @@ def test_trainer_takes_bf16_where_the_accelerator_has_it(launched, tmp_path):
             f"args = transformers.TrainingArguments(output_dir={str(tmp_path)!r}, bf16=True, deepspeed=config, report_to=[])\n"
             "print(json.dumps([args.bf16, str(args.device)]))")
     assert last_json(run_python(code, "xla", launched)) == [True, "xla:0"]
+
+
+def test_trainer_default_adamw_runs_unfused_on_xla_only(launched, tmp_path):
+    # torch's fused AdamW (TrainingArguments' default on torch >= 2.8) refuses XLA parameters; the conformance
+    # case trainer-default-optimizer-llama-zero2-2rank trains with it
+    code = ("import json, transformers\n"
+            f"default = transformers.TrainingArguments(output_dir={str(tmp_path)!r}, report_to=[])\n"
+            f"chosen = transformers.TrainingArguments(output_dir={str(tmp_path)!r}, report_to=[], optim='adafactor')\n"
+            "print(json.dumps([str(default.optim.value), str(chosen.optim.value)]))")
+    assert last_json(run_python(code, "xla", launched)) == ["adamw_torch", "adafactor"]
+    assert last_json(run_python(code, "cpu", launched)) == ["adamw_torch_fused", "adafactor"]

@@ -50,8 +50,8 @@ PATCHES = (
           "DeepSpeed binds its op builders to the accelerator it picks during its own import, and answers "
           "is_current_accelerator_supported() from that list"),
     Patch("deepspeed_xla.patches.huggingface", (PROCESS,),
-          "transformers' and Accelerate's torch_xla detection, TrainingArguments' bf16 check, transformers' hub "
-          "kernels, Accelerate's PartialState backend and device, when each module loads",
+          "transformers' and Accelerate's torch_xla detection, TrainingArguments' bf16 check and fused AdamW "
+          "default, transformers' hub kernels, Accelerate's PartialState backend and device, when each module loads",
           "left alone, both libraries take torch_xla's own mode (a world of 1 per process on PJRT CPU) over "
           "DeepSpeed's"),
     Patch("deepspeed_xla.backend.op_fixes", (DEVICE,),

@@ -13,7 +13,10 @@ DeepSpeed's world instead, with post-import hooks (no file of theirs is edited):
 * `accelerate.utils.imports` and `transformers.utils.import_utils`: torch_xla counts as absent for them
   (what `USE_TORCH_XLA=0` does), so neither takes its XLA-only path;
 * `transformers.training_args`: `bf16=True` is checked against the accelerator's `is_bf16_supported()` (with
-  torch_xla hidden, transformers would find no bf16 device and refuse it);
+  torch_xla hidden, transformers would find no bf16 device and refuse it); and `optim="adamw_torch_fused"`,
+  TrainingArguments' default on torch >= 2.8, becomes `"adamw_torch"`, the same AdamW unfused (what transformers
+  takes below torch 2.8): torch's fused AdamW has no XLA kernel, and refuses XLA parameters at the first step, so
+  a Trainer whose DeepSpeed config names no optimizer could not train;
 * `transformers.modeling_utils`: no hub kernels (the `kernels` library's device kernels: none exists for XLA, and
   it refuses a model whose parameters are on an XLA device, as `from_pretrained` under `zero.Init` makes them);
 * `accelerate.state.PartialState`: for a DeepSpeed run (`ACCELERATE_USE_DEEPSPEED`, which Trainer sets for a
@@ -76,11 +79,21 @@ def _hide_torch_xla_from_transformers(module):
     module.is_torch_xla_available.cache_clear()  # in case something asked before this hook ran
 
 
-def _bf16_from_accelerator(module):
+def _training_args_for_accelerator(module):
     def is_torch_bf16_gpu_available():
         from deepspeed.accelerator import get_accelerator
         return get_accelerator().is_bf16_supported()
     module.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
+
+    arguments, names = module.TrainingArguments, module.OptimizerNames
+    original_post_init = arguments.__post_init__
+
+    def __post_init__(self):
+        original_post_init(self)
+        if self.optim == names.ADAMW_TORCH_FUSED:
+            self.optim = names.ADAMW_TORCH
+
+    arguments.__post_init__ = __post_init__
 
 
 def _no_hub_kernels(module):
@@ -123,7 +136,7 @@ def _route_partial_state(module):
 _HOOKS = (
     PostImportHook("accelerate.utils.imports", _hide_torch_xla_from_accelerate),
     PostImportHook("transformers.utils.import_utils", _hide_torch_xla_from_transformers),
-    PostImportHook("transformers.training_args", _bf16_from_accelerator),
+    PostImportHook("transformers.training_args", _training_args_for_accelerator),
     PostImportHook("transformers.modeling_utils", _no_hub_kernels),
     PostImportHook("accelerate.state", _route_partial_state),
 )
