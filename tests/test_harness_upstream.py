@@ -7,6 +7,7 @@ import os
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 
 import psutil
@@ -14,6 +15,7 @@ import pytest
 
 from harness.session import expectations
 from harness.upstream import upstream_run, upstream_selection, upstream_verdicts
+from harness.upstream.upstream import same_release
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "upstream_tree"
@@ -22,9 +24,11 @@ BASICS = "unit/comm/test_accelerator_basics.py"
 
 @pytest.fixture
 def tree(tmp_path):
-    """A private copy: its path marks every process of the run, so none may outlive it."""
+    """A private copy: its path marks every process of the run, so none may outlive it. Its version.txt is the
+    installed DeepSpeed's, as a checkout of the installed release has."""
     copy = tmp_path / "deepspeed"
     shutil.copytree(TREE, copy)
+    (copy / "version.txt").write_text(f"{metadata.version('deepspeed')}\n")
     return copy
 
 
@@ -47,6 +51,28 @@ def upstream(tmp_path, tree, *args):
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
     report = json.loads((out / "report.json").read_text()) if (out / "report.json").is_file() else None
     return proc, report, out
+
+
+@pytest.mark.parametrize("version_txt, refused", [
+    ("0.19.6\n", "is DeepSpeed 0.19.6 (version.txt) but {installed} is installed"),
+    (None, "no version.txt, so which DeepSpeed its tests import cannot be told"),
+])
+def test_a_checkout_of_another_deepspeed_is_refused_in_one_line(tmp_path, tree, version_txt, refused):
+    if version_txt is None:
+        (tree / "version.txt").unlink()
+    else:
+        (tree / "version.txt").write_text(version_txt)
+    proc, report, out = upstream(tmp_path, tree)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stderr.count("\n") == 1 and refused.format(installed=metadata.version("deepspeed")) in proc.stderr
+    assert report is None and not out.exists() and proc.stdout == ""
+
+
+def test_an_editable_install_s_version_names_its_checkout_s_release():
+    """`pip install -e` of a checkout reports version.txt plus +<git hash>: the tests import that same code."""
+    assert same_release("0.19.8", "0.19.8+1a2b3c4") and same_release("0.19.08", "0.19.8")
+    assert not same_release("0.19.6", "0.19.8") and not same_release("0.19.9.dev0", "0.19.8")
+    assert not same_release("main", "0.19.8")
 
 
 def verdicts_of(report):

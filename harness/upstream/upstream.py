@@ -4,8 +4,10 @@ DeepSpeed's CPU accelerator (the baseline), compared test by test.
     python -m harness upstream --deepspeed-src DIR [--selection FILE] [--subset all|pr] [-k EXPR]
                                [--candidate SPEC] [--out DIR] [--devices N] [--timeout S] [--workers N]
 
-DIR is a DeepSpeed source checkout (the PyPI sdist has no tests); its tests run against the
-DeepSpeed installed here. Each side is one pytest session in DIR/tests, DeepSpeed's own
+DIR is a DeepSpeed source checkout (the PyPI sdist has no tests) of the installed DeepSpeed's
+version: DeepSpeed's tests/conftest.py puts the checkout first on sys.path, so its tests import
+the checkout's deepspeed/, and another version's code would be tested under the installed
+version's name (refused, exit 2). Each side is one pytest session in DIR/tests, DeepSpeed's own
 conftest.py and pytest.ini in charge, set up as DeepSpeed's test harness needs for an
 accelerator it does not know (never by editing its files):
   - CUDA_VISIBLE_DEVICES=0..N-1: `set_accelerator_visible()` asks a vendor tool for the
@@ -23,6 +25,8 @@ Results join report.json / junit.xml / report.md as area `upstream` (verdicts: u
 
 import os
 from pathlib import Path
+
+from packaging.version import InvalidVersion, Version
 
 from harness import environment
 from harness.candidate import candidate_env, candidates
@@ -80,7 +84,33 @@ def _plan(args):
         raise UpstreamUsageError(str(err)) from None
     if args.devices < 1 or args.timeout <= 0 or args.workers < 0:
         raise UpstreamUsageError("--devices must be >= 1, --timeout > 0 and --workers >= 0")
+    _require_installed_version(src, args.deepspeed_src, deepspeed_version)
     return src, tests_dir, spec, selection
+
+
+def _require_installed_version(src, given, installed):
+    """Refuse a checkout whose version.txt is not the installed DeepSpeed's release (a local segment such as an
+    editable install's +<git hash> aside): its tests would run its own code (tests/conftest.py puts it first on
+    sys.path), not the installed DeepSpeed the report names."""
+    checkout = source_info(src)["deepspeed_src_version"]
+    if checkout is None:
+        raise UpstreamUsageError(f"--deepspeed-src {given}: no version.txt, so which DeepSpeed its tests import "
+                                 "cannot be told; use a DeepSpeed source checkout")
+    if not same_release(checkout, installed):
+        raise UpstreamUsageError(
+            f"--deepspeed-src {given} is DeepSpeed {checkout} (version.txt) but {installed} is installed; DeepSpeed's "
+            "tests/conftest.py imports the checkout's own deepspeed/ first, so they would test "
+            f"{checkout}'s code: check out the installed release (git -C {given} checkout v{installed}) or install "
+            f"the checkout (pip install -e {given})")
+
+
+def same_release(checkout, installed):
+    """Whether version strings `checkout` (a version.txt) and `installed` name one release: local segments (an editable
+    install's +<git hash>) aside, PEP 440 normalised; strings that are not versions compare as text."""
+    try:
+        return Version(checkout).base_version == Version(installed).base_version
+    except InvalidVersion:
+        return checkout == installed
 
 
 def side_envs(spec, backend, devices, timeout_s, base=None):
