@@ -1,6 +1,7 @@
 """DeepSpeed's op registry and `ds_report` under DS_ACCELERATOR=xla: every DeepSpeed op listed with its
 compatibility (deepspeed_xla/op_builder/)."""
 
+import importlib.util
 import textwrap
 from pathlib import Path
 
@@ -33,22 +34,34 @@ def test_ds_report_lists_the_ops():
         assert any(line.startswith(f"{name} .") for line in proc.stdout.splitlines()), f"ds_report does not list {name}"
 
 
-def test_a_deepspeed_source_layout_gets_its_own_host_builders(tmp_path):
-    """A DeepSpeed source checkout on sys.path, or an editable install, also has DeepSpeed's builders as the
-    top-level package `op_builder` (in the repository, deepspeed/ops/op_builder links to it). DeepSpeed's CPU
-    builders import it while `deepspeed.ops.op_builder.cpu` is half imported; the host-side builders must then
-    come from `op_builder.cpu`, as DeepSpeed's own accelerators take them, or `import deepspeed` fails with a
-    circular import."""
-    import deepspeed.ops.op_builder
-    (tmp_path / "op_builder").symlink_to(Path(deepspeed.ops.op_builder.__file__).parent)
+def test_a_deepspeed_source_layout_gets_its_own_host_builders_and_one_accelerator(tmp_path):
+    """A DeepSpeed source checkout on sys.path (as DeepSpeed's tests/conftest.py puts it), or an editable install,
+    also has DeepSpeed's `op_builder` and `accelerator` as top-level packages (in the repository,
+    deepspeed/ops/op_builder and deepspeed/accelerator link to them).
+    - DeepSpeed's CPU builders import `op_builder` while `deepspeed.ops.op_builder.cpu` is half imported: the
+      host-side builders must come from `op_builder.cpu`, as DeepSpeed's own accelerators take them, or
+      `import deepspeed` fails with a circular import.
+    - DeepSpeed's op builders import `accelerator` before `deepspeed.accelerator`, which loads a second copy of
+      real_accelerator: it must hold the same XLA accelerator, or it refuses DS_ACCELERATOR=xla at the first op
+      lookup ("DS_ACCELERATOR must be one of ...")."""
+    deepspeed_dir = Path(importlib.util.find_spec("deepspeed").submodule_search_locations[0])
+    (tmp_path / "op_builder").symlink_to(deepspeed_dir / "ops" / "op_builder")
+    (tmp_path / "accelerator").symlink_to(deepspeed_dir / "accelerator")
     code = textwrap.dedent("""
-        import json
+        import json, sys
         import deepspeed.comm, deepspeed.ops
         from deepspeed.accelerator import get_accelerator
-        print(json.dumps({"ops": deepspeed.ops.__compatible_ops__,
-                          "host_side": get_accelerator().get_op_builder("CPUAdamBuilder").__module__}))
+        ops = deepspeed.ops.__compatible_ops__
+        copy = sys.modules.get("accelerator.real_accelerator")
+        print(json.dumps({"ops": ops, "host_side": get_accelerator().get_op_builder("CPUAdamBuilder").__module__,
+                          "copy_loaded": copy is not None,
+                          "one_accelerator": copy is not None and copy.get_accelerator() is get_accelerator(),
+                          "copy_supports_it": copy is not None and copy.is_current_accelerator_supported()}))
     """)
     wheel = last_json(run_python(code, "xla"))
     source = last_json(run_python(code, "xla", {"PYTHONPATH": str(tmp_path)}))
     assert source["host_side"] == "op_builder.cpu.cpu_adam" and wheel["host_side"] != source["host_side"]
+    assert source["copy_loaded"] and not wheel["copy_loaded"], "the op builders did not load the top-level copy"
+    assert source["one_accelerator"] and source["copy_supports_it"], \
+        f"the top-level copy of real_accelerator holds another accelerator: {source}"
     assert source["ops"] == wheel["ops"], "the source layout lists other ops, or other compatibilities, than the wheel"

@@ -13,6 +13,10 @@ import importlib.machinery
 import sys
 
 REAL_ACCELERATOR = "deepspeed.accelerator.real_accelerator"  # DeepSpeed picks its accelerator while this loads
+# The same file as a top-level package in a DeepSpeed source layout (a checkout on sys.path, an editable install):
+# DeepSpeed's op builders import `accelerator` before `deepspeed.accelerator`, so a second copy of the module,
+# with its own accelerator, loads beside the first.
+SOURCE_REAL_ACCELERATOR = "accelerator.real_accelerator"
 
 
 class PostImportHook(importlib.abc.MetaPathFinder, importlib.abc.Loader):

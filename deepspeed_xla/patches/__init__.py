@@ -46,7 +46,8 @@ PATCHES = (
           "autograd sizes its device queues at the first backward pass, before which XLA reports no devices: the "
           "runtime starts first (DEVICE too: for an accelerator built without activation)"),
     Patch("deepspeed_xla.patches.accelerator_selection", (PROCESS,),
-          "deepspeed.accelerator.real_accelerator's accelerator and SUPPORTED_ACCELERATOR_LIST, when that module loads",
+          "deepspeed.accelerator.real_accelerator's accelerator and SUPPORTED_ACCELERATOR_LIST, when that module loads, "
+          "and the same in its top-level copy `accelerator.real_accelerator` of a DeepSpeed source layout",
           "DeepSpeed binds its op builders to the accelerator it picks during its own import, and answers "
           "is_current_accelerator_supported() from that list"),
     Patch("deepspeed_xla.patches.huggingface", (PROCESS,),
