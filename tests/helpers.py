@@ -1,6 +1,7 @@
 """Helpers more than one test module uses: a fresh interpreter's last JSON line, the harness run as a child process,
 and whether a process has ended."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -24,6 +25,16 @@ def run_python(code, accelerator, extra_env=None, script=None):
         script.write_text(code)
     command = [sys.executable, str(script)] if script is not None else [sys.executable, "-c", code]
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+
+
+def deepspeed_source_layout(directory):
+    """Make `directory` what a DeepSpeed source checkout puts on sys.path (DeepSpeed's tests/conftest.py, an editable
+    install): the installed DeepSpeed's `op_builder` and `accelerator` as top-level packages beside it (in the
+    repository, deepspeed/ops/op_builder and deepspeed/accelerator link to them). Returns the env for run_python."""
+    deepspeed_dir = Path(importlib.util.find_spec("deepspeed").submodule_search_locations[0])
+    (directory / "op_builder").symlink_to(deepspeed_dir / "ops" / "op_builder")
+    (directory / "accelerator").symlink_to(deepspeed_dir / "accelerator")
+    return {"PYTHONPATH": str(directory)}
 
 
 def last_json(proc):

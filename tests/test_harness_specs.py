@@ -3,9 +3,11 @@
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
+from helpers import deepspeed_source_layout, last_json
 
 from harness.candidate.candidate_env import child_env
 from harness.candidate.candidates import SpecError, parse_spec
@@ -152,3 +154,25 @@ def test_in_tree_candidate_is_deepspeeds_own_and_leaves_ds_accelerator_to_the_ha
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
                           env={**env, "HARNESS_CANDIDATE": "in-tree:cpu"})
     assert proc.stdout.split()[-2:] == ["deepspeed.accelerator.cpu_accelerator", "None"], proc.stderr[-2000:]
+
+
+@pytest.mark.parametrize("candidate", ["in-tree:cpu", "tests/candidates/synchronize_noop.py:SynchronizeNoop"])
+def test_a_deepspeed_source_layout_gets_the_candidate_in_both_copies_of_its_accelerator_module(tmp_path, candidate):
+    """DeepSpeed's tests run in its source layout, where the op builders load real_accelerator a second time as the
+    top-level `accelerator.real_accelerator`: the candidate must be DeepSpeed's accelerator there too, or DeepSpeed's
+    op lookups run on an accelerator of their own choosing (its CPU accelerator here)."""
+    code = textwrap.dedent("""
+        import json, sys
+        from harness.candidate.candidate_env import install_current
+        accelerator = install_current()
+        import deepspeed.ops
+        deepspeed.ops.__compatible_ops__
+        first, copy = sys.modules["deepspeed.accelerator.real_accelerator"], sys.modules.get("accelerator.real_accelerator")
+        print(json.dumps({"copy_loaded": copy is not None,
+                          "same": copy is not None and copy.get_accelerator() is accelerator,
+                          "same_list": copy is not None and copy.SUPPORTED_ACCELERATOR_LIST == first.SUPPORTED_ACCELERATOR_LIST}))
+    """)
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**env, **deepspeed_source_layout(tmp_path), "HARNESS_CANDIDATE": candidate})
+    assert last_json(proc) == {"copy_loaded": True, "same": True, "same_list": True}, proc.stderr[-2000:]

@@ -1,11 +1,9 @@
 """DeepSpeed's op registry and `ds_report` under DS_ACCELERATOR=xla: every DeepSpeed op listed with its
 compatibility (deepspeed_xla/op_builder/)."""
 
-import importlib.util
 import textwrap
-from pathlib import Path
 
-from helpers import last_json, run_python
+from helpers import deepspeed_source_layout, last_json, run_python
 
 
 def test_op_registry_lists_every_deepspeed_op_with_its_compatibility():
@@ -44,9 +42,6 @@ def test_a_deepspeed_source_layout_gets_its_own_host_builders_and_one_accelerato
     - DeepSpeed's op builders import `accelerator` before `deepspeed.accelerator`, which loads a second copy of
       real_accelerator: it must hold the same XLA accelerator, or it refuses DS_ACCELERATOR=xla at the first op
       lookup ("DS_ACCELERATOR must be one of ...")."""
-    deepspeed_dir = Path(importlib.util.find_spec("deepspeed").submodule_search_locations[0])
-    (tmp_path / "op_builder").symlink_to(deepspeed_dir / "ops" / "op_builder")
-    (tmp_path / "accelerator").symlink_to(deepspeed_dir / "accelerator")
     code = textwrap.dedent("""
         import json, sys
         import deepspeed.comm, deepspeed.ops
@@ -59,7 +54,7 @@ def test_a_deepspeed_source_layout_gets_its_own_host_builders_and_one_accelerato
                           "copy_supports_it": copy is not None and copy.is_current_accelerator_supported()}))
     """)
     wheel = last_json(run_python(code, "xla"))
-    source = last_json(run_python(code, "xla", {"PYTHONPATH": str(tmp_path)}))
+    source = last_json(run_python(code, "xla", deepspeed_source_layout(tmp_path)))
     assert source["host_side"] == "op_builder.cpu.cpu_adam" and wheel["host_side"] != source["host_side"]
     assert source["copy_loaded"] and not wheel["copy_loaded"], "the op builders did not load the top-level copy"
     assert source["one_accelerator"] and source["copy_supports_it"], \

@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from xla_host.import_hooks import REAL_ACCELERATOR, PostImportHook
+from xla_host.import_hooks import REAL_ACCELERATOR, SOURCE_REAL_ACCELERATOR, PostImportHook, arm
 
 _DEEPSPEED_XLA_CLASS = ("deepspeed_xla.accelerator", "XLA_Accelerator")
 DEFAULT_SPEC = "deepspeed_xla"
@@ -185,11 +185,37 @@ class _CandidateInstaller:
             self.error = CandidateError(f"DeepSpeed refused the candidate: {type(err).__name__}: {err}")
 
 
+_installed = None  # what install() returned: the accelerator a source layout's second real_accelerator gets too
+
+
+def _share_with_source_copy(copy):
+    """A DeepSpeed source layout (DeepSpeed's tests, an editable install) loads real_accelerator a second time, as the
+    top-level `accelerator.real_accelerator` its op builders import first. That copy gets the installed candidate and
+    the first copy's supported list, as DS_ACCELERATOR gives both copies one accelerator name; left alone, it would
+    pick DeepSpeed's CPU accelerator (or refuse the name) for the op builders."""
+    first = sys.modules.get(REAL_ACCELERATOR)
+    if _installed is None or first is None or not hasattr(copy, "SUPPORTED_ACCELERATOR_LIST"):
+        return  # nothing installed yet, or a top-level `accelerator` package that is not DeepSpeed's
+    copy.set_accelerator(_installed)
+    copy.SUPPORTED_ACCELERATOR_LIST[:] = first.SUPPORTED_ACCELERATOR_LIST
+
+
+_SOURCE_COPY_HOOK = PostImportHook(SOURCE_REAL_ACCELERATOR, _share_with_source_copy)
+
+
 def install(spec):
-    """Install the candidate as DeepSpeed's accelerator in this process and return it.
+    """Install the candidate as DeepSpeed's accelerator in this process and return it; in a DeepSpeed source layout,
+    in both copies of its accelerator module.
 
     Must run before anything imports DeepSpeed (see _InstallOnImport).
     """
+    global _installed
+    _installed = _install(spec)
+    arm(_SOURCE_COPY_HOOK)
+    return _installed
+
+
+def _install(spec):
     try:
         import torch_xla  # noqa: F401  (must be loaded before DeepSpeed places anything on xla)
     except ImportError as err:
