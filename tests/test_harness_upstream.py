@@ -109,7 +109,7 @@ def test_broken_candidate_regresses_where_it_breaks_and_nowhere_else(tmp_path, t
         "baseline": {"pass": 4, "skip": 1, "fail": 1}, "candidate": {"pass": 4, "fail": 2},
         "verdicts": {"both-pass": 3, "regression": 1, "candidate-only-pass": 1, "both-fail": 1}}
     assert report["upstream"]["total"] == report["upstream"]["files"][BASICS]
-    assert report["environment"]["deepspeed_src_version"] is None and report["suite"] == "upstream"
+    assert report["environment"]["deepspeed_src_version"] == metadata.version("deepspeed") and report["suite"] == "upstream"
     # report.md: the per-file row, no path of this machine, and junit with the area
     markdown = (out / "report.md").read_text()
     assert f"| `{BASICS}` | 6 | 4 | 4 | 0 | 0 | 1 | 4/1/1 | 4/2/0 |" in markdown and str(tree) not in markdown
