@@ -15,7 +15,7 @@ import pytest
 
 from harness.session import expectations
 from harness.upstream import upstream_run, upstream_selection, upstream_verdicts
-from harness.upstream.upstream import same_release
+from harness.upstream.upstream import checkout_version, same_release
 
 REPO = Path(__file__).resolve().parents[1]
 TREE = REPO / "tests" / "upstream_tree"
@@ -54,25 +54,37 @@ def upstream(tmp_path, tree, *args):
 
 
 @pytest.mark.parametrize("version_txt, refused", [
-    ("0.19.6\n", "is DeepSpeed 0.19.6 (version.txt) but {installed} is installed"),
+    (b"0.19.6\n", "is DeepSpeed 0.19.6 (version.txt) but {installed} is installed"),
+    (b"{installed}rc1", "is DeepSpeed {installed}rc1 (version.txt) but {installed} is installed"),
+    (b"{installed}\nmore", "is DeepSpeed '{installed}\\nmore' (version.txt) but {installed} is installed"),
+    (b"  \n", "version.txt is empty, so which DeepSpeed its tests import cannot be told"),
+    (b"\xff\xfe{installed}", "version.txt is not UTF-8 text (invalid start byte at byte 0)"),
     (None, "no version.txt, so which DeepSpeed its tests import cannot be told"),
 ])
 def test_a_checkout_of_another_deepspeed_is_refused_in_one_line(tmp_path, tree, version_txt, refused):
+    installed = metadata.version("deepspeed")
     if version_txt is None:
         (tree / "version.txt").unlink()
     else:
-        (tree / "version.txt").write_text(version_txt)
+        (tree / "version.txt").write_bytes(version_txt.replace(b"{installed}", installed.encode()))
     proc, report, out = upstream(tmp_path, tree)
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert proc.stderr.count("\n") == 1 and refused.format(installed=metadata.version("deepspeed")) in proc.stderr
+    assert proc.stderr.count("\n") == 1 and refused.format(installed=installed) in proc.stderr, proc.stderr
     assert report is None and not out.exists() and proc.stdout == ""
 
 
 def test_an_editable_install_s_version_names_its_checkout_s_release():
     """`pip install -e` of a checkout reports version.txt plus +<git hash>: the tests import that same code."""
     assert same_release("0.19.8", "0.19.8+1a2b3c4") and same_release("0.19.08", "0.19.8")
-    assert not same_release("0.19.6", "0.19.8") and not same_release("0.19.9.dev0", "0.19.8")
-    assert not same_release("main", "0.19.8")
+    assert same_release("0.19.8.0", "0.19.8") and same_release("v0.19.8", "0.19.8")
+    for other in ("0.19.6", "0.19.9.dev0", "0.19.8rc1", "0.19.8.post1", "0.19.7+0.19.8", "main"):
+        assert not same_release(other, "0.19.8"), other
+
+
+def test_version_txt_is_read_as_a_checkout_writes_it(tmp_path):
+    (tmp_path / "version.txt").write_bytes(b"\xef\xbb\xbf0.19.8\r\n")  # a byte-order mark, Windows line end
+    assert checkout_version(tmp_path) == "0.19.8"
+    assert checkout_version(tmp_path / "absent") is None
 
 
 def verdicts_of(report):

@@ -92,23 +92,28 @@ def _require_installed_version(src, given, installed):
     """Refuse a checkout whose version.txt is not the installed DeepSpeed's release (a local segment such as an
     editable install's +<git hash> aside): its tests would run its own code (tests/conftest.py puts it first on
     sys.path), not the installed DeepSpeed the report names."""
-    checkout = source_info(src)["deepspeed_src_version"]
+    checkout = checkout_version(src)
     if checkout is None:
         raise UpstreamUsageError(f"--deepspeed-src {given}: no version.txt, so which DeepSpeed its tests import "
                                  "cannot be told; use a DeepSpeed source checkout")
+    if not checkout:
+        raise UpstreamUsageError(f"--deepspeed-src {given}: version.txt is empty, so which DeepSpeed its tests import "
+                                 "cannot be told; use a DeepSpeed source checkout")
     if not same_release(checkout, installed):
+        shown = checkout if checkout.isprintable() else repr(checkout)  # one line, whatever the file holds
         raise UpstreamUsageError(
-            f"--deepspeed-src {given} is DeepSpeed {checkout} (version.txt) but {installed} is installed; DeepSpeed's "
-            "tests/conftest.py imports the checkout's own deepspeed/ first, so they would test "
-            f"{checkout}'s code: check out the installed release (git -C {given} checkout v{installed}) or install "
-            f"the checkout (pip install -e {given})")
+            f"--deepspeed-src {given} is DeepSpeed {shown} (version.txt) but {installed} is installed; DeepSpeed's "
+            "tests/conftest.py imports the checkout's own deepspeed/ first, so they would test that version's code: "
+            f"check out the installed release (git -C {given} checkout v{installed}) or install the checkout "
+            f"(pip install -e {given})")
 
 
 def same_release(checkout, installed):
-    """Whether version strings `checkout` (a version.txt) and `installed` name one release: local segments (an editable
-    install's +<git hash>) aside, PEP 440 normalised; strings that are not versions compare as text."""
+    """Whether version strings `checkout` (a version.txt) and `installed` name one release: PEP 440 versions compared
+    without their local segment (an editable install's +<git hash>), so 0.19.8, 0.19.8.0 and v0.19.8 are one release
+    and 0.19.8rc1, 0.19.8.post1 other ones; strings that are not versions compare as text."""
     try:
-        return Version(checkout).base_version == Version(installed).base_version
+        return Version(Version(checkout).public) == Version(Version(installed).public)
     except InvalidVersion:
         return checkout == installed
 
@@ -125,11 +130,22 @@ def side_envs(spec, backend, devices, timeout_s, base=None):
     return {"baseline": {**common, "DS_ACCELERATOR": "cpu"}, "candidate": candidate}
 
 
+def checkout_version(src):
+    """The text of `src`/version.txt, stripped (a byte-order mark too), or None without one; UpstreamUsageError when
+    it is not UTF-8 text."""
+    version_file = src / "version.txt"
+    if not version_file.is_file():
+        return None
+    try:
+        return version_file.read_text(encoding="utf-8-sig").strip()
+    except UnicodeDecodeError as err:
+        raise UpstreamUsageError(f"--deepspeed-src {src}: version.txt is not UTF-8 text ({err.reason} at byte "
+                                 f"{err.start}); use a DeepSpeed source checkout") from None
+
+
 def source_info(src):
     """{"deepspeed_src_revision": HEAD commit (+dirty) or None, "deepspeed_src_version": version.txt or None} of `src`."""
-    version_file = src / "version.txt"
-    return {"deepspeed_src_revision": environment.git_revision(src),
-            "deepspeed_src_version": version_file.read_text().strip() if version_file.is_file() else None}
+    return {"deepspeed_src_revision": environment.git_revision(src), "deepspeed_src_version": checkout_version(src)}
 
 
 def _say(line):
