@@ -33,7 +33,7 @@ line too, rather than misbehave.
 import importlib.metadata
 import os
 
-from xla_host.import_hooks import PostImportHook, arm
+from xla_host.import_hooks import PostImportHook, arm, wrap_once
 
 # The majors these hooks were written against; the exact tested versions are pinned in constraints.txt.
 TESTED = {"transformers": 5, "accelerate": 1}
@@ -85,15 +85,16 @@ def _training_args_for_accelerator(module):
         return get_accelerator().is_bf16_supported()
     module.is_torch_bf16_gpu_available = is_torch_bf16_gpu_available
 
-    arguments, names = module.TrainingArguments, module.OptimizerNames
-    original_post_init = arguments.__post_init__
+    names = module.OptimizerNames
 
-    def __post_init__(self):
-        original_post_init(self)
-        if self.optim == names.ADAMW_TORCH_FUSED:
-            self.optim = names.ADAMW_TORCH
+    def unfused_adamw(post_init):
+        def __post_init__(self):
+            post_init(self)
+            if self.optim == names.ADAMW_TORCH_FUSED:
+                self.optim = names.ADAMW_TORCH
+        return __post_init__
 
-    arguments.__post_init__ = __post_init__
+    wrap_once(module.TrainingArguments, "__post_init__", unfused_adamw)
 
 
 def _no_hub_kernels(module):

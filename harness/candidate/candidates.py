@@ -185,19 +185,16 @@ class _CandidateInstaller:
             self.error = CandidateError(f"DeepSpeed refused the candidate: {type(err).__name__}: {err}")
 
 
-_installed = None  # what install() returned: the accelerator a source layout's second real_accelerator gets too
-
-
 def _share_with_source_copy(copy):
     """A DeepSpeed source layout (DeepSpeed's tests, an editable install) loads real_accelerator a second time, as the
-    top-level `accelerator.real_accelerator` its op builders import first. That copy gets the installed candidate and
-    the first copy's supported list, as DS_ACCELERATOR gives both copies one accelerator name; left alone, it would
-    pick DeepSpeed's CPU accelerator (or refuse the name) for the op builders."""
-    first = sys.modules.get(REAL_ACCELERATOR)
-    if _installed is None or first is None or not hasattr(copy, "SUPPORTED_ACCELERATOR_LIST"):
-        return  # nothing installed yet, or a top-level `accelerator` package that is not DeepSpeed's
-    copy.set_accelerator(_installed)
-    copy.SUPPORTED_ACCELERATOR_LIST[:] = first.SUPPORTED_ACCELERATOR_LIST
+    top-level `accelerator.real_accelerator` its op builders import first. That copy gets the first copy's accelerator
+    (the installed candidate: this hook is armed once it is in place) and supported list, as DS_ACCELERATOR gives both
+    copies one accelerator name; left alone, it would pick DeepSpeed's CPU accelerator (or refuse the name) for the
+    op builders."""
+    if hasattr(copy, "SUPPORTED_ACCELERATOR_LIST"):  # else a top-level `accelerator` package that is not DeepSpeed's
+        first = sys.modules[REAL_ACCELERATOR]
+        copy.set_accelerator(first.get_accelerator())
+        copy.SUPPORTED_ACCELERATOR_LIST[:] = first.SUPPORTED_ACCELERATOR_LIST
 
 
 _SOURCE_COPY_HOOK = PostImportHook(SOURCE_REAL_ACCELERATOR, _share_with_source_copy)
@@ -209,10 +206,9 @@ def install(spec):
 
     Must run before anything imports DeepSpeed (see _InstallOnImport).
     """
-    global _installed
-    _installed = _install(spec)
+    accelerator = _install(spec)
     arm(_SOURCE_COPY_HOOK)
-    return _installed
+    return accelerator
 
 
 def _install(spec):

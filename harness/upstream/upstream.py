@@ -93,12 +93,9 @@ def _require_installed_version(src, given, installed):
     editable install's +<git hash> aside): its tests would run its own code (tests/conftest.py puts it first on
     sys.path), not the installed DeepSpeed the report names."""
     checkout = checkout_version(src)
-    if checkout is None:
-        raise UpstreamUsageError(f"--deepspeed-src {given}: no version.txt, so which DeepSpeed its tests import "
-                                 "cannot be told; use a DeepSpeed source checkout")
     if not checkout:
-        raise UpstreamUsageError(f"--deepspeed-src {given}: version.txt is empty, so which DeepSpeed its tests import "
-                                 "cannot be told; use a DeepSpeed source checkout")
+        raise UpstreamUsageError(f"--deepspeed-src {given}: {'no version.txt' if checkout is None else 'version.txt is empty'}"
+                                 ", so which DeepSpeed its tests import cannot be told; use a DeepSpeed source checkout")
     if not same_release(checkout, installed):
         shown = checkout if checkout.isprintable() else repr(checkout)  # one line, whatever the file holds
         raise UpstreamUsageError(
